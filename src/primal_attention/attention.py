@@ -1,0 +1,456 @@
+"""Attention modules with one interface, and a registry to choose them by name.
+
+Every module here is built as ``Cls(embed_dim, num_heads, *, max_seq_len=None, dropout=0.0,
+bias=True, causal=False, **its_own_options)`` and called as ``forward(x, mask=None)`` with
+x: (B, N, D) and mask: (B, N) bool, True = real token. Output rows at padding positions carry no
+information (primal: they equal ``out_proj.bias``; softmax: likewise).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from primal_attention import functional, reference
+from primal_attention.reference import PrimalWeights
+
+ATTENTIONS: dict[str, type[nn.Module]] = {}
+
+
+def register_attention(name: str) -> Callable[[type[nn.Module]], type[nn.Module]]:
+    """Class decorator: make an attention module available to :func:`build_attention` as ``name``."""
+
+    def add(cls: type[nn.Module]) -> type[nn.Module]:
+        if name in ATTENTIONS and ATTENTIONS[name] is not cls:
+            raise ValueError(f"attention {name!r} is already registered to {ATTENTIONS[name].__name__}")
+        ATTENTIONS[name] = cls
+        return cls
+
+    return add
+
+
+def build_attention(name: str, embed_dim: int, num_heads: int, **options: Any) -> nn.Module:
+    """Construct the attention registered as ``name`` (see :data:`ATTENTIONS`)."""
+    if name not in ATTENTIONS:
+        raise ValueError(f"unknown attention {name!r}; available: {', '.join(sorted(ATTENTIONS))}")
+    return ATTENTIONS[name](embed_dim, num_heads, **options)
+
+
+def check_input(
+    x: Tensor,
+    mask: Tensor | None,
+    embed_dim: int,
+    *,
+    check_finite: bool = False,
+    name: str = "attention",
+) -> None:
+    """Raise a ValueError naming what was expected when x (B, N, D) or mask (B, N) bool is off."""
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{name}: expected x to be a torch.Tensor, got {type(x).__name__}")
+    if x.dim() != 3 or x.shape[-1] != embed_dim:
+        raise ValueError(f"{name}: expected x of shape (B, N, {embed_dim}), got {tuple(x.shape)}")
+    if not x.is_floating_point():
+        raise ValueError(f"{name}: expected a floating-point x, got {x.dtype}")
+    if x.shape[1] == 0:
+        raise ValueError(f"{name}: expected at least one token, got x of shape {tuple(x.shape)}")
+    if mask is not None:
+        if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
+            got = mask.dtype if isinstance(mask, Tensor) else type(mask).__name__
+            raise ValueError(f"{name}: expected mask of dtype torch.bool (True = real token), got {got}")
+        if mask.shape != x.shape[:2]:
+            raise ValueError(
+                f"{name}: expected mask of shape {tuple(x.shape[:2])} (B, N), got {tuple(mask.shape)}"
+            )
+    if check_finite and not bool(torch.isfinite(x).all()):
+        raise ValueError(f"{name}: x contains NaN or Inf")
+
+
+def _resolve_mask(mask: Tensor | None, attn_mask: Tensor | None, name: str) -> Tensor | None:
+    """Accept timm's ``attn_mask`` keyword as a (B, N) key-padding mask."""
+    if attn_mask is None:
+        return mask
+    if mask is not None:
+        raise ValueError(f"{name}: pass either mask or attn_mask, not both")
+    if attn_mask.dim() != 2:
+        raise ValueError(
+            f"{name}: attn_mask must be a (B, N) bool padding mask (True = real token); "
+            f"pairwise (B, H, N, N) masks are not expressible by this layer, got {tuple(attn_mask.shape)}"
+        )
+    return attn_mask
+
+
+def _check_heads(embed_dim: int, num_heads: int, name: str) -> None:
+    if embed_dim <= 0 or num_heads <= 0:
+        raise ValueError(f"{name}: embed_dim and num_heads must be positive, got {embed_dim}, {num_heads}")
+    if embed_dim % num_heads:
+        raise ValueError(f"{name}: num_heads ({num_heads}) must divide embed_dim ({embed_dim})")
+
+
+class PrimalState(NamedTuple):
+    """Incremental state of a causal :class:`PrimalAttention`.
+
+    total: (B, 2D) sum of [q | k] over the real tokens so far; count: (B,) their number.
+    """
+
+    total: Tensor
+    count: Tensor
+
+
+@register_attention("primal")
+class PrimalAttention(nn.Module):
+    r"""Primal-Attention (Chen et al., NeurIPS 2023): attention as the primal of asymmetric KSVD.
+
+    For each head, with cosine feature maps :math:`\hat q = q/\|q\|`, :math:`\hat k = k/\|k\|`:
+
+    .. math::
+        e_i = W_{e|X}^\top \hat q_i,\quad r_i = W_{r|X}^\top \hat k_i,\quad
+        \mathrm{out}_i = W_o\,\mathrm{merge}_h\big(C\,[e_i; r_i] + c\big) + b_o
+
+    Non-causal layers build :math:`W_{e|X} = \tilde X^\top W_e` from n tokens of the input sampled at
+    ``linspace(0, N-1, n)``; causal layers use static :math:`W_e, W_r` and a prefix mean of q, k
+    before the feature map. Cost is O(N·d·s) per head; no N×N matrix is formed.
+
+    Args:
+        embed_dim: D. num_heads: H (must divide D). rank: s.
+        rank_multi: m; n = s·m sampled tokens unless ``num_samples`` is given.
+        num_samples: n, overriding s·m. max_seq_len: caps n when known.
+        causal: prefix-mean family with static projections (decoder / RL).
+        bias: biases of q_proj, k_proj, mix, out_proj.
+        dropout: dropout on the mixed per-head output, before out_proj.
+        sampling: "uniform" (authors: positions over all N, padding included in the KSVD means) or
+            "valid" (positions over each sample's real tokens, padding kept out of the KSVD terms).
+            Causal layers have no sampling; there the option only decides the KSVD means.
+        positive_lambda: parametrise Λ = exp(log_lam) (> 0) instead of the authors' free ``lam``.
+        fused: the fast path (default) or the readable reference math (for checks and timing).
+        check_finite: raise on NaN / Inf input (a device sync per call; off by default).
+
+    Shapes:
+        forward: x (B, N, D), mask (B, N) bool (True = real token) or None -> (B, N, D).
+        Padding rows of the mixed per-head output are zeroed before out_proj, so the output rows
+        at padding equal ``out_proj.bias``. A fully padded sample gives exactly that in every row
+        and contributes nothing to the KSVD terms under sampling="valid" (finite under "uniform").
+
+    Causal padding: padded tokens are left out of the prefix means (so left padding is safe) and
+    of the incremental state of :meth:`step`.
+
+    Parameter names (``q_proj``, ``k_proj``, ``we``, ``wr``, ``lam``, ``mix``, ``out_proj``) follow
+    DESIGN.md so weights from other implementations load with ``load_state_dict``.
+    """
+
+    def __init__(
+        self,
+        embed_dim: int,
+        num_heads: int,
+        rank: int = 20,
+        *,
+        rank_multi: int = 10,
+        num_samples: int | None = None,
+        max_seq_len: int | None = None,
+        causal: bool = False,
+        bias: bool = True,
+        dropout: float = 0.0,
+        sampling: str = "uniform",
+        positive_lambda: bool = False,
+        fused: bool = True,
+        check_finite: bool = False,
+    ) -> None:
+        super().__init__()
+        _check_heads(embed_dim, num_heads, "PrimalAttention")
+        if not isinstance(rank, int) or rank <= 0:
+            raise ValueError(f"PrimalAttention: rank must be a positive int, got {rank!r}")
+        if not isinstance(rank_multi, int) or rank_multi <= 0:
+            raise ValueError(f"PrimalAttention: rank_multi must be a positive int, got {rank_multi!r}")
+        if num_samples is not None and (not isinstance(num_samples, int) or num_samples <= 0):
+            raise ValueError(f"PrimalAttention: num_samples must be a positive int, got {num_samples!r}")
+        if max_seq_len is not None and (not isinstance(max_seq_len, int) or max_seq_len <= 0):
+            raise ValueError(f"PrimalAttention: max_seq_len must be a positive int, got {max_seq_len!r}")
+        if sampling not in ("uniform", "valid"):
+            raise ValueError(f"PrimalAttention: sampling must be 'uniform' or 'valid', got {sampling!r}")
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"PrimalAttention: dropout must be in [0, 1), got {dropout}")
+
+        self.embed_dim = embed_dim
+        self.num_heads = num_heads
+        self.head_dim = embed_dim // num_heads
+        self.rank = rank
+        self.causal = causal
+        self.sampling = sampling
+        self.dropout = dropout
+        self.positive_lambda = positive_lambda
+        self.fused = fused
+        self.check_finite = check_finite
+        if causal:
+            self.num_samples = None
+            rows = self.head_dim
+        else:
+            n = num_samples if num_samples is not None else rank * rank_multi
+            self.num_samples = min(n, max_seq_len) if max_seq_len is not None else n
+            rows = self.num_samples
+
+        self.q_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
+        self.k_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
+        self.we = nn.Parameter(torch.empty(num_heads, rows, rank))
+        self.wr = nn.Parameter(torch.empty(num_heads, rows, rank))
+        if positive_lambda:
+            self.log_lam = nn.Parameter(torch.empty(num_heads, rank))
+        else:
+            self.lam = nn.Parameter(torch.empty(num_heads, rank))
+        self.mix = nn.Linear(2 * rank, self.head_dim, bias=bias)
+        self.out_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
+        self.reset_parameters()
+        self._cache: functional.PrimalCache | None = None
+
+    def reset_parameters(self) -> None:
+        """Authors' init: orthogonal W_e, W_r on the 3-D tensor, Λ ~ U[0, 1); Linear defaults."""
+        nn.init.orthogonal_(self.we)
+        nn.init.orthogonal_(self.wr)
+        if self.positive_lambda:
+            with torch.no_grad():
+                self.log_lam.copy_(torch.rand_like(self.log_lam).clamp_min(1e-3).log())
+        else:
+            nn.init.uniform_(self.lam, 0.0, 1.0)
+        for layer in (self.q_proj, self.k_proj, self.mix, self.out_proj):
+            layer.reset_parameters()
+
+    @classmethod
+    def timm(cls, rank: int = 20, **options: Any) -> Callable[..., PrimalAttention]:
+        """A factory usable as timm's ``attn_layer=``: takes timm's keyword arguments.
+
+        ``qkv_bias`` / ``proj_bias`` map to ``bias``, ``attn_drop`` to ``dropout``; timm options
+        without a counterpart here (``qk_norm``, ``scale_norm``, ``norm_layer``, ``proj_drop``)
+        must keep their no-op defaults, else a ValueError says which.
+        """
+
+        def make(dim: int, num_heads: int = 8, **timm_kwargs: Any) -> PrimalAttention:
+            kw = dict(options)
+            bias = timm_kwargs.pop("qkv_bias", None)
+            proj_bias = timm_kwargs.pop("proj_bias", None)
+            if bias is not None or proj_bias is not None:
+                kw.setdefault("bias", bool(bias if bias is not None else proj_bias))
+            kw.setdefault("dropout", float(timm_kwargs.pop("attn_drop", 0.0)))
+            unsupported = {
+                k: v
+                for k, v in timm_kwargs.items()
+                if not (k == "norm_layer" or (k in ("qk_norm", "scale_norm") and not v) or (k == "proj_drop" and not v))
+            }
+            if unsupported:
+                raise ValueError(f"PrimalAttention.timm: unsupported timm options {unsupported}")
+            return cls(dim, num_heads, rank, **kw)
+
+        return make
+
+    @property
+    def lambdas(self) -> Tensor:
+        """The effective Λ: (H, s)."""
+        return self.log_lam.exp() if self.positive_lambda else self.lam
+
+    def weights(self) -> PrimalWeights:
+        """The parameters as the math names them (see :class:`primal_attention.reference.PrimalWeights`)."""
+        return PrimalWeights(
+            self.q_proj.weight,
+            self.q_proj.bias,
+            self.k_proj.weight,
+            self.k_proj.bias,
+            self.we,
+            self.wr,
+            self.lambdas,
+            self.mix.weight,
+            self.mix.bias,
+            self.out_proj.weight,
+            self.out_proj.bias,
+        )
+
+    def forward(self, x: Tensor, mask: Tensor | None = None, *, attn_mask: Tensor | None = None) -> Tensor:
+        """x: (B, N, D); mask (or timm's attn_mask): (B, N) bool, True = real token -> (B, N, D)."""
+        mask = _resolve_mask(mask, attn_mask, "PrimalAttention")
+        check_input(x, mask, self.embed_dim, check_finite=self.check_finite, name="PrimalAttention")
+        if self.fused:
+            out, self._cache = functional.primal_attention(
+                x,
+                self.weights(),
+                heads=self.num_heads,
+                causal=self.causal,
+                mask=mask,
+                sampling=self.sampling,
+                dropout_p=self.dropout,
+                training=self.training,
+            )
+            return out
+        if self.training and self.dropout > 0.0:
+            raise ValueError("PrimalAttention: the reference path (fused=False) has no dropout")
+        trace = reference.primal_attention(
+            x, self.weights(), heads=self.num_heads, causal=self.causal, mask=mask, sampling=self.sampling
+        )
+        self._cache = trace
+        return trace.out
+
+    def ksvd_objective(self, reduction: str = "batch", form: str = "authors") -> Tensor:
+        """Signed KSVD objective J of the last forward (differentiable).
+
+        reduction: "batch" -> scalar; "sample" -> (B,). form: "authors" (default; Λ squared, means
+        over heads and tokens, trace on the learned W_e, W_r) or "paper" (Λ, sums, trace on W_{e|X}).
+        See DESIGN.md §4. Computed in float32 with autocast off.
+        """
+        if reduction not in ("batch", "sample"):
+            raise ValueError(f"reduction must be 'batch' or 'sample', got {reduction!r}")
+        if self._cache is None:
+            raise RuntimeError("PrimalAttention.ksvd_objective: call forward first")
+        if isinstance(self._cache, reference.PrimalTrace):
+            return reference.ksvd_objective(self._cache, self.weights(), reduction=reduction, form=form)
+        return functional.ksvd_objective(
+            self._cache, self.lambdas, self.we, self.wr, reduction=reduction, form=form
+        )
+
+    def clear_cache(self) -> None:
+        """Drop the tensors the last forward kept for the KSVD objective."""
+        self._cache = None
+
+    def step(
+        self, x_t: Tensor, state: PrimalState | None = None, mask_t: Tensor | None = None
+    ) -> tuple[Tensor, PrimalState]:
+        """Incremental decoding for causal layers: O(1) time and memory per token.
+
+        Args:
+            x_t: (B, D) (or (B, 1, D)) the next token's input.
+            state: the running sums returned by the previous call, or None to start.
+            mask_t: (B,) bool, False where this step is padding for a sample: its state is not
+                advanced and its output is ``out_proj.bias``, as in the full forward.
+
+        Returns:
+            out_t with x_t's shape, and the new state. Equal to row t of ``forward`` on the prefix.
+        """
+        if not self.causal:
+            raise RuntimeError("PrimalAttention.step: only causal layers decode incrementally")
+        token_axis = x_t.dim() == 3
+        if token_axis:
+            if x_t.shape[1] != 1:
+                raise ValueError(f"PrimalAttention.step: expected one token (B, 1, D), got {tuple(x_t.shape)}")
+            x_t = x_t[:, 0]
+        if x_t.dim() != 2 or x_t.shape[-1] != self.embed_dim:
+            raise ValueError(f"PrimalAttention.step: expected x_t of shape (B, {self.embed_dim}), got {tuple(x_t.shape)}")
+        batch = x_t.shape[0]
+        if mask_t is not None and (mask_t.dtype != torch.bool or mask_t.shape != (batch,)):
+            raise ValueError(f"PrimalAttention.step: expected mask_t of shape ({batch},) bool, got {tuple(mask_t.shape)} {mask_t.dtype}")
+        w = self.weights()
+        qk_weight = torch.cat([w.q_weight, w.k_weight], dim=0)
+        qk_bias = None if w.q_bias is None else torch.cat([w.q_bias, w.k_bias], dim=0)
+        qk = F.linear(x_t, qk_weight, qk_bias)  # (B, 2D)
+        real = torch.ones(batch, dtype=qk.dtype, device=qk.device) if mask_t is None else mask_t.to(qk.dtype)
+        if state is None:
+            state = PrimalState(torch.zeros_like(qk), torch.zeros(batch, dtype=qk.dtype, device=qk.device))
+        total = state.total + qk * real[:, None]
+        count = state.count + real
+        mean = (total / count.clamp_min(1.0)[:, None]).view(batch, 1, 2 * self.num_heads, self.head_dim)
+        features = F.normalize(mean, p=2.0, dim=-1, eps=reference.EPS).view(batch, 1, 2 * self.embed_dim)
+        proj = torch.stack([w.we, w.wr])[None]
+        out = functional.mix_and_project(features, proj, w, heads=self.num_heads, real=real[:, None])
+        out = out if token_axis else out[:, 0]
+        return out, PrimalState(total, count)
+
+    def extra_repr(self) -> str:
+        n = f", num_samples={self.num_samples}" if not self.causal else ""
+        return (
+            f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, rank={self.rank}{n}, "
+            f"causal={self.causal}, sampling={self.sampling!r}, positive_lambda={self.positive_lambda}"
+        )
+
+
+@register_attention("softmax")
+class SoftmaxAttention(nn.Module):
+    """Canonical multi-head softmax attention, ``softmax(q kᵀ / √d) v``.
+
+    ``fused=True`` runs PyTorch's ``scaled_dot_product_attention`` (flash / memory-efficient kernels
+    where available, no N×N matrix kept); ``fused=False`` materialises the N×N attention matrix,
+    as the classic implementation and the paper's Transformer baseline do.
+
+    Shapes: forward x (B, N, D), mask (B, N) bool (True = real token) -> (B, N, D). Padding keys get
+    no weight; padding output rows are zeroed before out_proj (they equal ``out_proj.bias``).
+    """
+
+    def __init__(
+        self,
+        embed_dim: int,
+        num_heads: int,
+        *,
+        max_seq_len: int | None = None,
+        causal: bool = False,
+        bias: bool = True,
+        dropout: float = 0.0,
+        fused: bool = True,
+        check_finite: bool = False,
+    ) -> None:
+        super().__init__()
+        _check_heads(embed_dim, num_heads, type(self).__name__)
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"{type(self).__name__}: dropout must be in [0, 1), got {dropout}")
+        self.embed_dim = embed_dim
+        self.num_heads = num_heads
+        self.head_dim = embed_dim // num_heads
+        self.causal = causal
+        self.dropout = dropout
+        self.fused = fused
+        self.check_finite = check_finite
+        self.q_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
+        self.k_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
+        self.v_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
+        self.out_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
+
+    def _keep(self, mask: Tensor | None, seq_len: int, device: torch.device) -> Tensor | None:
+        """Boolean "may attend" mask broadcastable to (B, H, N, N), or None for is_causal / no mask.
+
+        Every query keeps at least one key (itself), so no row is empty and no NaN appears; the
+        rows where that matters are padding and are zeroed afterwards.
+        """
+        if mask is None:
+            if not self.causal:
+                return None
+            return torch.ones(seq_len, seq_len, dtype=torch.bool, device=device).tril()
+        keep = mask[:, None, None, :]  # (B, 1, 1, N)
+        if self.causal:
+            tril = torch.ones(seq_len, seq_len, dtype=torch.bool, device=device).tril()
+            return (keep & tril) | torch.eye(seq_len, dtype=torch.bool, device=device)
+        # A fully padded sample attends everywhere (its rows are zeroed anyway).
+        return keep | ~mask.any(dim=1)[:, None, None, None]
+
+    def forward(self, x: Tensor, mask: Tensor | None = None, *, attn_mask: Tensor | None = None) -> Tensor:
+        """x: (B, N, D); mask (or timm's attn_mask): (B, N) bool, True = real token -> (B, N, D)."""
+        name = type(self).__name__
+        mask = _resolve_mask(mask, attn_mask, name)
+        check_input(x, mask, self.embed_dim, check_finite=self.check_finite, name=name)
+        batch, seq_len, dim = x.shape
+
+        def heads(t: Tensor) -> Tensor:
+            return t.view(batch, seq_len, self.num_heads, self.head_dim).transpose(1, 2)
+
+        q, k, v = heads(self.q_proj(x)), heads(self.k_proj(x)), heads(self.v_proj(x))
+        p = self.dropout if self.training else 0.0
+        if self.fused:
+            if mask is None and self.causal:
+                y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
+            else:
+                y = F.scaled_dot_product_attention(q, k, v, attn_mask=self._keep(mask, seq_len, x.device), dropout_p=p)
+        else:
+            scores = (q @ k.transpose(-2, -1)) / math.sqrt(self.head_dim)
+            keep = self._keep(mask, seq_len, x.device)
+            if keep is not None:
+                scores = scores.masked_fill(~keep, float("-inf"))
+            y = F.dropout(scores.softmax(dim=-1), p=p, training=p > 0) @ v
+        y = y.transpose(1, 2).reshape(batch, seq_len, dim)
+        if mask is not None:
+            y = y * mask[:, :, None].to(y.dtype)
+        return self.out_proj(y)
+
+
+@register_attention("softmax_materialized")
+class MaterializedSoftmaxAttention(SoftmaxAttention):
+    """:class:`SoftmaxAttention` that forms the N×N matrix (the paper's Transformer baseline)."""
+
+    def __init__(self, embed_dim: int, num_heads: int, **options: Any) -> None:
+        if options.pop("fused", False):
+            raise ValueError("MaterializedSoftmaxAttention is never fused; use SoftmaxAttention")
+        super().__init__(embed_dim, num_heads, fused=False, **options)
