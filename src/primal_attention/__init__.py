@@ -1,3 +1,45 @@
-"""Primal-Attention: self-attention through asymmetric kernel SVD in the primal."""
+"""Primal-Attention: self-attention through asymmetric kernel SVD in the primal (NeurIPS 2023).
+
+The public API is small::
+
+    from primal_attention import PrimalAttention, ksvd_loss
+    attn = PrimalAttention(embed_dim=64, num_heads=2, rank=20)
+    y = attn(x, mask)                  # x (B, N, 64), mask (B, N) bool
+    loss = task_loss + eta * ksvd_loss(model)
+"""
+
+from primal_attention.attention import (
+    ATTENTIONS,
+    MaterializedSoftmaxAttention,
+    PrimalAttention,
+    PrimalState,
+    SoftmaxAttention,
+    build_attention,
+    register_attention,
+)
+from primal_attention.ksvd import ksvd_loss, ksvd_objectives, primal_layers
+from primal_attention.models.classifier import ClassifierConfig, SequenceClassifier
+from primal_attention.models.lm import CausalLM, CausalLMConfig
+from primal_attention.models.transformer import TransformerBlock, TransformerStack, hybrid_pattern
 
 __version__ = "0.1.0"
+
+__all__ = [
+    "ATTENTIONS",
+    "CausalLM",
+    "CausalLMConfig",
+    "ClassifierConfig",
+    "MaterializedSoftmaxAttention",
+    "PrimalAttention",
+    "PrimalState",
+    "SequenceClassifier",
+    "SoftmaxAttention",
+    "TransformerBlock",
+    "TransformerStack",
+    "build_attention",
+    "hybrid_pattern",
+    "ksvd_loss",
+    "ksvd_objectives",
+    "primal_layers",
+    "register_attention",
+]

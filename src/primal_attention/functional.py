@@ -147,12 +147,13 @@ def mix_and_project(
     out_w = weights.out_weight.view(dim, heads, d)  # out_w[o, h, e] = W_o[o, h*d + e]
     fold = torch.einsum("bghce,ohe->bghco", head_map, out_w).reshape(-1, 2 * dim, dim)
     out = features @ fold if fold.shape[0] == batch else features @ fold[0]
+    # Under autocast the matmul gives bf16/fp16; keep the elementwise tail in that dtype.
     if weights.mix_bias is not None:
-        out = out + torch.einsum("e,ohe->o", weights.mix_bias, out_w)
+        out = out + torch.einsum("e,ohe->o", weights.mix_bias, out_w).to(out.dtype)
     if real is not None:
-        out = out * real[:, :, None]
+        out = out * real[:, :, None].to(out.dtype)
     if weights.out_bias is not None:
-        out = out + weights.out_bias
+        out = out + weights.out_bias.to(out.dtype)
     return out
 
 

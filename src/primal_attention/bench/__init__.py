@@ -1,0 +1,1 @@
+"""Efficiency benchmarks: timing utilities and the attention / model grid."""

@@ -1,0 +1,135 @@
+"""Transformer blocks whose attention is chosen per layer by name.
+
+``attention=["softmax", "primal"]`` is Primal.+Trans. (only the last layer primal);
+``["primal", "primal"]`` is PrimalFormer. Options per attention kind come in one mapping,
+e.g. ``attention_options={"primal": {"rank": 20, "rank_multi": 10}}``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from torch import Tensor, nn
+
+from primal_attention.attention import build_attention
+
+ACTIVATIONS = {"gelu": nn.GELU, "relu": nn.ReLU}
+
+
+class TransformerBlock(nn.Module):
+    """Attention + feed-forward with residuals, pre-norm or post-norm.
+
+    pre-norm:  x = x + drop(attn(norm1(x))); x = x + drop(ffn(norm2(x)))
+    post-norm: x = norm1(x + drop(attn(x))); x = norm2(x + drop(ffn(x)))
+
+    Shapes: x (B, N, D), mask (B, N) bool or None -> (B, N, D).
+    """
+
+    def __init__(
+        self,
+        attention: nn.Module,
+        dim: int,
+        ffn_dim: int,
+        *,
+        dropout: float = 0.0,
+        norm_first: bool = True,
+        activation: str = "gelu",
+    ) -> None:
+        super().__init__()
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
+        self.attn = attention
+        self.norm_first = norm_first
+        self.norm1 = nn.LayerNorm(dim)
+        self.norm2 = nn.LayerNorm(dim)
+        self.ffn = nn.Sequential(
+            nn.Linear(dim, ffn_dim), ACTIVATIONS[activation](), nn.Dropout(dropout), nn.Linear(ffn_dim, dim)
+        )
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
+        if self.norm_first:
+            x = x + self.drop(self.attn(self.norm1(x), mask))
+            return x + self.drop(self.ffn(self.norm2(x)))
+        x = self.norm1(x + self.drop(self.attn(x, mask)))
+        return self.norm2(x + self.drop(self.ffn(x)))
+
+
+class TransformerStack(nn.Module):
+    """A stack of :class:`TransformerBlock`, one attention kind per layer.
+
+    Args:
+        attention: one registered attention name per layer, e.g. ["softmax", "primal"].
+        dim, num_heads, ffn_dim: widths. max_seq_len: passed to the attentions (caps primal n).
+        causal: every attention causal (decoder stacks).
+        attention_options: per attention name, extra constructor options.
+        final_norm: a LayerNorm after the last block (the usual pre-norm ending).
+    """
+
+    def __init__(
+        self,
+        attention: Sequence[str],
+        dim: int,
+        num_heads: int,
+        ffn_dim: int,
+        *,
+        dropout: float = 0.0,
+        attention_dropout: float = 0.0,
+        norm_first: bool = True,
+        activation: str = "gelu",
+        causal: bool = False,
+        max_seq_len: int | None = None,
+        attention_options: Mapping[str, Mapping[str, Any]] | None = None,
+        final_norm: bool | None = None,
+    ) -> None:
+        super().__init__()
+        if isinstance(attention, str) or not attention:
+            raise ValueError(f"attention must be a non-empty list of names, got {attention!r}")
+        options = attention_options or {}
+        self.attention = list(attention)
+        self.blocks = nn.ModuleList(
+            TransformerBlock(
+                build_attention(
+                    name,
+                    dim,
+                    num_heads,
+                    max_seq_len=max_seq_len,
+                    causal=causal,
+                    dropout=attention_dropout,
+                    **dict(options.get(name, {})),
+                ),
+                dim,
+                ffn_dim,
+                dropout=dropout,
+                norm_first=norm_first,
+                activation=activation,
+            )
+            for name in attention
+        )
+        use_final = norm_first if final_norm is None else final_norm
+        self.norm = nn.LayerNorm(dim) if use_final else nn.Identity()
+
+    def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
+        """x (B, N, D), mask (B, N) bool or None -> (B, N, D)."""
+        for block in self.blocks:
+            x = block(x, mask)
+        return self.norm(x)
+
+
+def hybrid_pattern(num_layers: int, kind: str, other: str = "softmax") -> list[str]:
+    """Attention pattern of a named model family.
+
+    kind: "transformer" (all ``other``), "primalformer" (all primal), "primal+" (last layer primal,
+    the paper's Primal.+Trans.).
+    """
+    if num_layers <= 0:
+        raise ValueError(f"num_layers must be positive, got {num_layers}")
+    patterns = {
+        "transformer": [other] * num_layers,
+        "primalformer": ["primal"] * num_layers,
+        "primal+": [other] * (num_layers - 1) + ["primal"],
+    }
+    if kind not in patterns:
+        raise ValueError(f"model kind must be one of {sorted(patterns)}, got {kind!r}")
+    return patterns[kind]

@@ -1,0 +1,141 @@
+"""The fast path equals the readable reference math: outputs, KSVD terms and gradients."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from primal_attention import PrimalAttention
+from primal_attention import functional, reference
+
+
+def random_mask(batch: int, seq_len: int, gen: torch.Generator, kind: str) -> torch.Tensor | None:
+    if kind == "none":
+        return None
+    lengths = torch.randint(1, seq_len + 1, (batch,), generator=gen)
+    pos = torch.arange(seq_len)[None, :]
+    if kind == "right":
+        return pos < lengths[:, None]
+    if kind == "left":
+        return pos >= (seq_len - lengths[:, None])
+    mask = torch.rand(batch, seq_len, generator=gen) > 0.4  # holes anywhere
+    mask[:, 0] = True
+    return mask
+
+
+def randomise(layer: PrimalAttention, gen: torch.Generator) -> None:
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen, dtype=p.dtype) * 0.5)
+
+
+def run(layer: PrimalAttention, x: torch.Tensor, mask, fused: bool, reduction: str, form: str):
+    layer.fused = fused
+    layer.zero_grad()
+    x = x.clone().requires_grad_(True)
+    out = layer(x, mask)
+    j = layer.ksvd_objective(reduction, form)
+    loss = (out * torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view_as(out)).sum() + j.square().sum()
+    loss.backward()
+    grads = {n: p.grad.clone() for n, p in layer.named_parameters()}
+    return out.detach(), j.detach(), x.grad, grads
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    batch=st.integers(1, 3),
+    seq_len=st.integers(1, 24),
+    heads=st.sampled_from([1, 2, 3]),
+    head_dim=st.sampled_from([1, 4, 6]),
+    rank=st.integers(1, 9),
+    num_samples=st.integers(1, 30),
+    causal=st.booleans(),
+    mask_kind=st.sampled_from(["none", "right", "left", "holes"]),
+    sampling=st.sampled_from(["uniform", "valid"]),
+    reduction=st.sampled_from(["batch", "sample"]),
+    form=st.sampled_from(["authors", "paper"]),
+    positive_lambda=st.booleans(),
+    bias=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_fast_equals_reference_float64(
+    batch, seq_len, heads, head_dim, rank, num_samples, causal, mask_kind, sampling, reduction, form,
+    positive_lambda, bias, seed,
+) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    dim = heads * head_dim
+    layer = PrimalAttention(
+        dim, heads, rank, num_samples=num_samples, causal=causal, sampling=sampling,
+        positive_lambda=positive_lambda, bias=bias,
+    ).double()
+    randomise(layer, gen)
+    x = torch.randn(batch, seq_len, dim, generator=gen, dtype=torch.float64)
+    mask = random_mask(batch, seq_len, gen, mask_kind)
+
+    fast = run(layer, x, mask, True, reduction, form)
+    ref = run(layer, x, mask, False, reduction, form)
+    for a, b in zip(fast[:3], ref[:3]):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9)
+    for name in fast[3]:
+        torch.testing.assert_close(fast[3][name], ref[3][name], rtol=1e-9, atol=1e-9, msg=name)
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 2e-5), (torch.float64, 1e-10)])
+def test_fast_equals_reference_at_paper_scale(dtype, tol) -> None:
+    """LRA-like sizes (rank 20, n 200, N 512) with right padding, both dtypes."""
+    torch.manual_seed(0)
+    layer = PrimalAttention(64, 2, 20, rank_multi=10).to(dtype)
+    x = torch.randn(3, 512, 64, dtype=dtype)
+    mask = torch.arange(512)[None, :] < torch.tensor([[512], [300], [17]])
+    fast = run(layer, x, mask, True, "batch", "authors")
+    ref = run(layer, x, mask, False, "batch", "authors")
+    for a, b in zip(fast[:3], ref[:3]):
+        torch.testing.assert_close(a, b, rtol=tol, atol=tol)
+
+
+def test_valid_sample_index_matches_reference() -> None:
+    gen = torch.Generator().manual_seed(3)
+    for _ in range(20):
+        mask = torch.rand(4, 37, generator=gen) > 0.5
+        mask[0] = False  # fully padded sample
+        for n in (1, 2, 5, 40, 100):
+            assert torch.equal(functional.valid_sample_index(mask, n), reference.valid_sample_index(mask, n))
+
+
+def test_valid_sampling_picks_only_real_tokens() -> None:
+    mask = torch.zeros(2, 50, dtype=torch.bool)
+    mask[0, :10] = True
+    mask[1, 20:45] = True
+    index = functional.valid_sample_index(mask, 7)
+    assert bool(mask.gather(1, index).all())
+    assert index[0].tolist()[0] == 0 and index[0].tolist()[-1] == 9  # first and last real token
+    assert index[1].tolist()[0] == 20 and index[1].tolist()[-1] == 44
+
+
+def test_unfolded_dropout_branch_matches_folded() -> None:
+    """The per-head branch taken under dropout computes the same map (dropout ~ 0 here)."""
+    torch.manual_seed(1)
+    layer = PrimalAttention(12, 3, 4, num_samples=5).double()
+    x = torch.randn(2, 9, 12, dtype=torch.float64)
+    mask = torch.ones(2, 9, dtype=torch.bool)
+    mask[1, 6:] = False
+    w = layer.weights()
+    folded, _ = functional.primal_attention(x, w, heads=3, mask=mask)
+    unfolded, _ = functional.primal_attention(x, w, heads=3, mask=mask, dropout_p=1e-300, training=True)
+    torch.testing.assert_close(folded, unfolded, rtol=1e-10, atol=1e-10)
+
+
+def test_dropout_is_active_in_training_only() -> None:
+    torch.manual_seed(2)
+    layer = PrimalAttention(16, 2, 4, num_samples=6, dropout=0.5)
+    x = torch.randn(2, 10, 16)
+    layer.train()
+    assert not torch.allclose(layer(x), layer(x))
+    layer.eval()
+    torch.testing.assert_close(layer(x), layer(x))
+    layer.fused = False
+    layer.train()
+    with pytest.raises(ValueError, match="no dropout"):
+        layer(x)
