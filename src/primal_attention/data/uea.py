@@ -127,8 +127,8 @@ def _apply_stats(x: torch.Tensor, mask: torch.Tensor, stats: dict[str, Any] | No
         raise DataError(f"normalisation stats for {method!r} need keys {keys}, missing {e}") from None
     if a.shape != (channels,) or b.shape != (channels,):
         raise DataError(
-            f"normalisation stats are for {tuple(a.shape)}/{tuple(b.shape)} channels, "
-            f"data has {channels} channels"
+            f"normalisation stats: expected {keys} for {channels} channels, got "
+            f"{tuple(a.shape)} and {tuple(b.shape)}"
         )
     scale = b + _EPS if method == "standard" else (b - a) + _EPS
     out = (x.double() - a) / scale
@@ -296,7 +296,9 @@ def _locate(name: str, data_dir: str | Path | None, download: bool) -> tuple[Pat
         _download(name, target)
         pair = _find_pair(target, name)
         if pair is None:
-            raise DataError(f"UEA {name}: aeon's download finished but {target / name} lacks the .ts files")
+            raise DataError(
+                f"UEA {name}: aeon's download finished but {target / name} lacks the .ts files"
+            )
         return (*pair, "download")
     searched = ", ".join(str(root) for root, _ in roots)
     bundled_names = ", ".join(bundled_uea_datasets()) or "none (aeon not installed)"
