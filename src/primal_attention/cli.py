@@ -54,6 +54,69 @@ def _selfcheck(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
+def _seeds(text: str) -> list[int]:
+    try:
+        seeds = [int(s) for s in text.split(",") if s.strip()]
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"--seeds expects comma-separated integers, got {text!r}") from err
+    if not seeds:
+        raise argparse.ArgumentTypeError("--seeds needs at least one seed")
+    return seeds
+
+
+def _train(args: argparse.Namespace) -> int:
+    from primal_attention.data.base import DataError
+    from primal_attention.train.config import ConfigError, load_config
+    from primal_attention.train.trainer import run_seeds
+
+    try:
+        cfg = load_config(args.config, args.set)
+        out = Path(args.out) if args.out else Path("runs") / cfg.name
+        summary = run_seeds(cfg, out, args.seeds or [cfg.train.seed], resume=args.resume)
+    except (ConfigError, DataError) as err:
+        print(f"primal train: error: {err}", file=sys.stderr)
+        return 2
+    if int(__import__("os").environ.get("RANK", "0")) == 0:
+        keys = [k for k in ("best_test_acc", "final_test_acc", "test_acc", "best_val_acc", "wall_time_s") if k in summary]
+        print(f"{cfg.name} ({summary['protocol']} protocol, seeds {summary['seeds']}) -> {out}")
+        for k in keys:
+            v = summary[k]
+            print(f"  {k:15s} {v['mean']:.4f} ± {v['std']:.4f}")
+    return 0
+
+
+def _eval(args: argparse.Namespace) -> int:
+    import torch
+    from safetensors.torch import load_file
+
+    from primal_attention.train.checkpoint import latest_checkpoint
+    from primal_attention.train.config import load_config
+    from primal_attention.train.data import build_model, build_splits
+    from primal_attention.train.trainer import evaluate, resolve_device
+
+    path = Path(args.checkpoint)
+    run_dir = path if (path / "config.yaml").is_file() else path.parent.parent
+    if not (run_dir / "config.yaml").is_file():
+        print(f"primal eval: error: no config.yaml in {path} or {run_dir}", file=sys.stderr)
+        return 2
+    ckpt = path if (path / "model.safetensors").is_file() else latest_checkpoint(run_dir / "checkpoints")
+    if ckpt is None:
+        print(f"primal eval: error: no checkpoint found under {path}", file=sys.stderr)
+        return 2
+    cfg = load_config(run_dir / "config.yaml")
+    splits = build_splits(cfg)
+    device = resolve_device(cfg.train.device)
+    model = build_model(cfg, splits.train).to(device)
+    which = "best" if (ckpt / "best.safetensors").is_file() and not args.last else "model"
+    model.load_state_dict(load_file(str(ckpt / f"{which}.safetensors")))
+    result = {"checkpoint": str(ckpt), "weights": which}
+    for name, data in (("val", splits.val), ("test", splits.test)):
+        if data is not None:
+            result[name] = evaluate(model, data, cfg.train.eval_batch_size, device)
+    print(json.dumps(result, indent=2))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="primal", description="Primal-Attention: train, benchmark, analyse.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -69,6 +132,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--json", help="write the timing as JSON here")
     p.set_defaults(func=_selfcheck)
+
+    p = sub.add_parser("train", help="train a model from a YAML config (one run per seed)")
+    p.add_argument("config", help="experiment YAML, e.g. configs/uea/JapaneseVowels_primal+.yaml")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config value, e.g. train.epochs=5")
+    p.add_argument("--out", help="output directory (default runs/<name>)")
+    p.add_argument("--seeds", type=_seeds, help="comma-separated seeds, e.g. 0,1,2 (default: train.seed)")
+    p.add_argument("--resume", action="store_true", help="continue interrupted runs, skip finished seeds")
+    p.set_defaults(func=_train)
+
+    p = sub.add_parser("eval", help="evaluate a checkpoint (a run directory or a ckpt-* directory)")
+    p.add_argument("checkpoint")
+    p.add_argument("--last", action="store_true", help="use the last weights even where a holdout-selected best exists")
+    p.set_defaults(func=_eval)
     return parser
 
 

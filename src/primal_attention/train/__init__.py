@@ -1,0 +1,6 @@
+"""Training: configs, the loop, checkpoints."""
+
+from primal_attention.train.config import ConfigError, ExperimentConfig, load_config
+from primal_attention.train.trainer import Trainer, evaluate, run_seeds
+
+__all__ = ["ConfigError", "ExperimentConfig", "Trainer", "evaluate", "load_config", "run_seeds"]

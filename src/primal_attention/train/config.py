@@ -1,0 +1,244 @@
+"""Experiment configs: YAML mapped onto typed dataclasses, strictly.
+
+Unknown keys, wrong types and bad values give one clear :class:`ConfigError` naming the key.
+``--set a.b=value`` overrides parse ``value`` as YAML (so ``--set train.epochs=5`` is an int).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A config file or override is invalid."""
+
+
+@dataclass
+class DataConfig:
+    """Which dataset and how to cut it.
+
+    family: "uea" (a UEA archive dataset), "fsdd" (Free Spoken Digit MFCCs), "lra" (a Long Range
+    Arena task). name: the dataset or task name. data_dir: user-provided files (UEA ``.ts`` archive,
+    LRA release files), else what is bundled or generated here. val_fraction: the stratified
+    validation split carved from TRAIN under the holdout protocol. max_examples: cap per split
+    (None = all), for quick runs. seq_len: sequence length (LRA). options: loader-specific extras.
+    """
+
+    family: str = "uea"
+    name: str = "JapaneseVowels"
+    data_dir: str | None = None
+    val_fraction: float = 0.2
+    max_examples: int | None = None
+    seq_len: int | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ModelConfig:
+    """The classifier. kind: "transformer", "primalformer" or "primal+" (last layer primal), or give
+    an explicit per-layer ``attention`` list of registered names. attention_options: constructor
+    options per attention name, e.g. ``{"primal": {"rank": 40, "rank_multi": 5}}``.
+    See :class:`primal_attention.ClassifierConfig`."""
+
+    kind: str = "primalformer"
+    attention: list[str] | None = None
+    layers: int = 2
+    dim: int = 512
+    num_heads: int = 8
+    ffn_dim: int = 2048
+    dropout: float = 0.1
+    attention_dropout: float = 0.0
+    norm_first: bool = False
+    activation: str = "gelu"
+    positional: str = "learned"
+    pooling: str = "flatten"
+    input_scale: bool = False
+    head_hidden: int | None = None
+    attention_options: dict[str, dict[str, Any]] = field(default_factory=lambda: {"primal": {"rank": 20, "rank_multi": 10}})
+
+
+@dataclass
+class OptimConfig:
+    """Optimiser and schedule. name: radam | adam | adamw. schedule: constant | linear | cosine
+    (one-cycle: linear warmup over ``warmup_steps``, then linear or cosine decay to 0)."""
+
+    name: str = "radam"
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    eps: float = 1e-8
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    schedule: str = "constant"
+    warmup_steps: int = 0
+    clip_norm: float | None = 4.0
+
+
+@dataclass
+class TrainConfig:
+    """The loop. Give ``epochs`` (UEA) or ``steps`` (LRA); evaluation every ``eval_every`` epochs
+    (or every ``eval_every`` steps when training by steps). eta: weight of the KSVD loss.
+    protocol: "authors" (test every evaluation, best reported) or "holdout" (validation split of
+    TRAIN selects the evaluation point; TEST evaluated once with those weights)."""
+
+    epochs: int | None = 100
+    steps: int | None = None
+    batch_size: int = 16
+    eval_every: int = 1
+    eval_batch_size: int = 64
+    eta: float = 0.0
+    ksvd_reduction: str = "sample"
+    ksvd_form: str = "authors"
+    protocol: str = "authors"
+    seed: int = 0
+    device: str = "auto"
+    threads: int | None = None
+    progress: bool = True
+
+
+@dataclass
+class ExperimentConfig:
+    """One experiment: name, data, model, optimiser, loop."""
+
+    name: str = "experiment"
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+    def validate(self) -> None:
+        """Raise ConfigError for values no run could use."""
+        checks = [
+            (self.data.family in ("uea", "fsdd", "lra"), "data.family must be uea, fsdd or lra"),
+            (0.0 < self.data.val_fraction < 1.0, "data.val_fraction must be in (0, 1)"),
+            (self.model.kind in ("transformer", "primalformer", "primal+"), "model.kind must be transformer, primalformer or primal+"),
+            (self.model.layers > 0, "model.layers must be positive"),
+            (self.optim.name in ("radam", "adam", "adamw"), "optim.name must be radam, adam or adamw"),
+            (self.optim.schedule in ("constant", "linear", "cosine"), "optim.schedule must be constant, linear or cosine"),
+            (self.optim.lr > 0, "optim.lr must be positive"),
+            (len(self.optim.betas) == 2, "optim.betas must have two values"),
+            ((self.train.epochs is None) != (self.train.steps is None), "give exactly one of train.epochs and train.steps"),
+            ((self.train.epochs or 1) > 0 and (self.train.steps or 1) > 0, "train.epochs / train.steps must be positive"),
+            (self.train.batch_size > 0 and self.train.eval_batch_size > 0, "batch sizes must be positive"),
+            (self.train.eval_every > 0, "train.eval_every must be positive"),
+            (self.train.eta >= 0, "train.eta must be >= 0"),
+            (self.train.ksvd_reduction in ("batch", "sample"), "train.ksvd_reduction must be batch or sample"),
+            (self.train.ksvd_form in ("authors", "paper"), "train.ksvd_form must be authors or paper"),
+            (self.train.protocol in ("authors", "holdout"), "train.protocol must be authors or holdout"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ConfigError(message)
+
+
+def _convert(value: Any, tp: Any, key: str) -> Any:
+    """Check / convert a YAML value to the annotated type, naming the key on failure."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if value is None:
+            return None
+        return _convert(value, args[0], key)
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: expected a mapping, got {type(value).__name__}")
+        return _build(tp, value, key)
+    if origin is list:
+        if not isinstance(value, list):
+            raise ConfigError(f"{key}: expected a list, got {value!r}")
+        (inner,) = typing.get_args(tp) or (Any,)
+        return [_convert(v, inner, f"{key}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: expected a mapping, got {value!r}")
+        return dict(value)
+    if tp is Any:
+        return value
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{key}: expected true/false, got {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{key}: expected an integer, got {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, str):  # YAML 1.1 reads 3e-4 (no dot) as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{key}: expected a number, got {value!r}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{key}: expected a string, got {value!r}")
+        return value
+    raise ConfigError(f"{key}: unsupported type {tp}")
+
+
+def _build(cls: type, values: dict[str, Any], prefix: str = "") -> Any:
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - names)
+    if unknown:
+        where = f" in {prefix}" if prefix else ""
+        raise ConfigError(f"unknown key{'s' if len(unknown) > 1 else ''}{where}: {', '.join(unknown)}; expected one of {', '.join(sorted(names))}")
+    kwargs = {k: _convert(v, hints[k], f"{prefix}.{k}" if prefix else k) for k, v in values.items()}
+    return cls(**kwargs)
+
+
+def _apply_override(tree: dict[str, Any], assignment: str) -> None:
+    if "=" not in assignment:
+        raise ConfigError(f"override {assignment!r} must look like key.sub=value")
+    key, raw = assignment.split("=", 1)
+    value = yaml.safe_load(raw) if raw != "" else None
+    parts = key.strip().split(".")
+    node = tree
+    for p in parts[:-1]:
+        node = node.setdefault(p, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"override {key}: {p} is not a section")
+    node[parts[-1]] = value
+
+
+def config_from_dict(values: dict[str, Any], overrides: list[str] | None = None) -> ExperimentConfig:
+    """Build and validate an ExperimentConfig from a nested mapping plus ``key=value`` overrides."""
+    tree = dict(values or {})
+    tree = {k: (dict(v) if isinstance(v, dict) else v) for k, v in tree.items()}
+    for o in overrides or []:
+        _apply_override(tree, o)
+    cfg = _build(ExperimentConfig, tree)
+    cfg.validate()
+    return cfg
+
+
+def load_config(path: str | Path, overrides: list[str] | None = None) -> ExperimentConfig:
+    """Read a YAML experiment config (see ``configs/``)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        values = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML: {err}") from err
+    if not isinstance(values, dict):
+        raise ConfigError(f"{path}: expected a mapping at the top level")
+    try:
+        return config_from_dict(values, overrides)
+    except ConfigError as err:
+        raise ConfigError(f"{path}: {err}") from err
+
+
+def config_to_dict(cfg: ExperimentConfig) -> dict[str, Any]:
+    return dataclasses.asdict(cfg)
+
+
+def dump_config(cfg: ExperimentConfig, path: str | Path) -> None:
+    Path(path).write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))

@@ -1,0 +1,96 @@
+"""Datasets and models for an experiment config: the train / validation / test splits and the classifier."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from primal_attention.data.base import SequenceData
+from primal_attention.data.splits import stratified_split
+from primal_attention.models.classifier import ClassifierConfig, SequenceClassifier
+from primal_attention.models.transformer import hybrid_pattern
+from primal_attention.train.config import ConfigError, DataConfig, ExperimentConfig
+
+
+class Splits(NamedTuple):
+    """train is what the optimiser sees; val is None under the authors' protocol."""
+
+    train: SequenceData
+    val: SequenceData | None
+    test: SequenceData
+
+
+def _load_pair(cfg: DataConfig) -> tuple[SequenceData, SequenceData]:
+    if cfg.family == "uea":
+        from primal_attention.data.uea import load_uea_splits
+
+        return load_uea_splits(cfg.name, data_dir=cfg.data_dir, **cfg.options)
+    if cfg.family == "fsdd":
+        from primal_attention.data.fsdd import load_fsdd_splits
+
+        return load_fsdd_splits(**cfg.options)
+    if cfg.family == "lra":
+        from primal_attention.data.lra import load_lra
+
+        kw = dict(seq_len=cfg.seq_len, data_dir=cfg.data_dir, **cfg.options)
+        return load_lra(cfg.name, "train", **kw), load_lra(cfg.name, "test", **kw)
+    raise ConfigError(f"data.family must be uea, fsdd or lra, got {cfg.family!r}")
+
+
+def _cap(data: SequenceData, limit: int | None) -> SequenceData:
+    """A fixed random subset of ``limit`` examples (files are often sorted by class), in file order."""
+    import torch
+
+    if limit is None or len(data) <= limit:
+        return data
+    pick = torch.randperm(len(data), generator=torch.Generator().manual_seed(0))[:limit]
+    return data.subset(pick.sort().values)
+
+
+def build_splits(cfg: ExperimentConfig) -> Splits:
+    """Load the data of ``cfg.data`` and cut it for ``cfg.train.protocol``.
+
+    holdout: a stratified ``val_fraction`` of TRAIN (seeded by the run's seed) becomes the
+    validation split and is not trained on.
+    """
+    train, test = _load_pair(cfg.data)
+    train, test = _cap(train, cfg.data.max_examples), _cap(test, cfg.data.max_examples)
+    if cfg.train.protocol == "holdout":
+        keep, held = stratified_split(train.y, cfg.data.val_fraction, seed=cfg.train.seed)
+        return Splits(train.subset(keep), train.subset(held), test)
+    return Splits(train, None, test)
+
+
+def attention_pattern(cfg: ExperimentConfig) -> list[str]:
+    m = cfg.model
+    if m.attention is not None:
+        if len(m.attention) != m.layers:
+            raise ConfigError(f"model.attention has {len(m.attention)} entries but model.layers is {m.layers}")
+        return list(m.attention)
+    return hybrid_pattern(m.layers, m.kind)
+
+
+def build_model(cfg: ExperimentConfig, data: SequenceData) -> SequenceClassifier:
+    """The classifier of ``cfg.model`` sized for ``data`` (classes, input width, sequence length)."""
+    m = cfg.model
+    return SequenceClassifier(
+        ClassifierConfig(
+            num_classes=data.num_classes,
+            max_seq_len=data.seq_len,
+            vocab_size=data.vocab_size,
+            num_features=data.num_features if data.vocab_size is None else None,
+            dim=m.dim,
+            num_heads=m.num_heads,
+            ffn_dim=m.ffn_dim,
+            attention=attention_pattern(cfg),
+            attention_options={k: dict(v) for k, v in m.attention_options.items()},
+            dropout=m.dropout,
+            attention_dropout=m.attention_dropout,
+            norm_first=m.norm_first,
+            activation=m.activation,
+            positional=m.positional,
+            pooling=m.pooling,
+            input_scale=m.input_scale,
+            head_hidden=m.head_hidden,
+            dual=data.x2 is not None,
+        )
+    )

@@ -1,0 +1,338 @@
+"""The training loop: task loss + η·KSVD, evaluation protocols, checkpoints, resume, DDP.
+
+Determinism: the order of the training data is a pure function of (seed, data epoch), so the batch
+at any global step is known without saved sampler state; the torch RNG (dropout) is saved with every
+checkpoint. A run resumed from a checkpoint therefore follows exactly the same trajectory as an
+uninterrupted one (on the same device and thread count).
+
+Distributed: under ``torchrun`` (WORLD_SIZE > 1) each rank takes every world-th example of the
+global batch and the model is wrapped in DistributedDataParallel (gloo on CPU, nccl on CUDA). The
+losses are scaled so the averaged gradient equals the single-process gradient of the global batch;
+that holds exactly for ``ksvd_reduction="sample"`` (a mean over samples), while "batch" computes J
+over each rank's share of the batch.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from primal_attention.data.base import SequenceData
+from primal_attention.ksvd import ksvd_loss, ksvd_objectives
+from primal_attention.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint, state_tensors
+from primal_attention.train.config import ExperimentConfig, dump_config
+from primal_attention.train.data import build_model, build_splits
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def make_optimizer(cfg: ExperimentConfig, model: nn.Module) -> torch.optim.Optimizer:
+    o = cfg.optim
+    kw = dict(lr=o.lr, betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay)
+    cls = {"radam": torch.optim.RAdam, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW}[o.name]
+    return cls(model.parameters(), **kw)
+
+
+def make_scheduler(cfg: ExperimentConfig, optimizer: torch.optim.Optimizer, total_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
+    """constant (after optional warmup), or one-cycle: linear warmup then linear / cosine decay to 0."""
+    o = cfg.optim
+    warmup = o.warmup_steps
+
+    def factor(step: int) -> float:
+        if warmup and step < warmup:
+            return (step + 1) / warmup
+        if o.schedule == "constant":
+            return 1.0
+        progress = min(1.0, (step - warmup) / max(1, total_steps - warmup))
+        if o.schedule == "linear":
+            return 1.0 - progress
+        return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def _batch_to(data: SequenceData, index: Tensor, device: torch.device) -> dict[str, Tensor | None]:
+    return {
+        "x": data.x[index].to(device),
+        "mask": data.mask[index].to(device),
+        "x2": None if data.x2 is None else data.x2[index].to(device),
+        "mask2": None if data.mask2 is None else data.mask2[index].to(device),
+        "y": data.y[index].to(device),
+    }
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, data: SequenceData, batch_size: int, device: torch.device) -> dict[str, float]:
+    """Accuracy and mean cross-entropy of ``model`` on ``data``."""
+    was_training = model.training
+    model.eval()
+    correct, loss, count = 0, 0.0, 0
+    for start in range(0, len(data), batch_size):
+        b = _batch_to(data, torch.arange(start, min(start + batch_size, len(data))), device)
+        logits = model(b["x"], b["mask"], b["x2"], b["mask2"]).float()
+        loss += F.cross_entropy(logits, b["y"], reduction="sum").item()
+        correct += int((logits.argmax(-1) == b["y"]).sum())
+        count += len(b["y"])
+    model.train(was_training)
+    return {"acc": correct / max(count, 1), "loss": loss / max(count, 1)}
+
+
+class Trainer:
+    """Runs one seed of an experiment into ``out_dir`` (config.yaml, metrics.json, history.csv,
+    TensorBoard events, checkpoints/)."""
+
+    def __init__(self, cfg: ExperimentConfig, out_dir: str | Path, *, resume: bool = False) -> None:
+        self.cfg = cfg
+        self.out = Path(out_dir)
+        self.resume = resume
+        self.world = int(os.environ.get("WORLD_SIZE", "1"))
+        self.rank = int(os.environ.get("RANK", "0"))
+        self.device = resolve_device(cfg.train.device)
+        if self.world > 1 and self.device.type == "cuda":
+            self.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def _order(self, data_epoch: int, size: int) -> Tensor:
+        g = torch.Generator().manual_seed(self.cfg.train.seed * 100_003 + data_epoch)
+        return torch.randperm(size, generator=g)
+
+    def _global_batch(self, step: int, size: int, steps_per_epoch: int) -> Tensor:
+        epoch, k = divmod(step, steps_per_epoch)
+        bs = self.cfg.train.batch_size
+        return self._order(epoch, size)[k * bs : (k + 1) * bs]
+
+    def fit(self) -> dict[str, Any]:
+        cfg, t = self.cfg, self.cfg.train
+        if t.threads:
+            torch.set_num_threads(t.threads)
+        if self.world > 1 and not torch.distributed.is_initialized():
+            torch.distributed.init_process_group("nccl" if self.device.type == "cuda" else "gloo")
+        torch.manual_seed(t.seed)
+        splits = build_splits(cfg)
+        model = build_model(cfg, splits.train).to(self.device)
+        net: nn.Module = model
+        if self.world > 1:
+            net = nn.parallel.DistributedDataParallel(model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
+        optimizer = make_optimizer(cfg, model)
+        m = len(splits.train)
+        steps_per_epoch = math.ceil(m / t.batch_size)
+        total = t.steps if t.steps is not None else t.epochs * steps_per_epoch
+        round_len = t.eval_every if t.steps is not None else steps_per_epoch
+        eval_every_rounds = 1 if t.steps is not None else t.eval_every
+        scheduler = make_scheduler(cfg, optimizer, total)
+
+        ckpt_dir = self.out / "checkpoints"
+        step, history, best, best_weights = 0, [], None, None
+        wall_before = 0.0
+        found = latest_checkpoint(ckpt_dir) if self.resume else None
+        if found is not None:
+            weights, state, best_weights = load_checkpoint(found)
+            model.load_state_dict(weights)
+            optimizer.load_state_dict(state["optimizer"])
+            scheduler.load_state_dict(state["scheduler"])
+            torch.set_rng_state(state["rng"])
+            if self.device.type == "cuda" and state.get("cuda_rng") is not None:
+                torch.cuda.set_rng_state(state["cuda_rng"], self.device)
+            step, history, best, wall_before = state["step"], state["history"], state["best"], state["wall_time"]
+        if self.is_main:
+            self.out.mkdir(parents=True, exist_ok=True)
+            dump_config(cfg, self.out / "config.yaml")
+        writer = self._writer(step)
+
+        bar = None
+        if t.progress and self.is_main:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=total, initial=step, desc=f"{cfg.name} seed {t.seed}", dynamic_ncols=True)
+        start = time.perf_counter()
+        model.train()
+        last: dict[str, float] = {}
+        while step < total:
+            index = self._global_batch(step, m, steps_per_epoch)
+            local = index[self.rank :: self.world]
+            b = _batch_to(splits.train, local, self.device)
+            logits = net(b["x"], b["mask"], b["x2"], b["mask2"])
+            share = len(local) * self.world / len(index)  # makes DDP's mean the global mean
+            task = F.cross_entropy(logits.float(), b["y"])
+            reg = ksvd_loss(model, t.ksvd_reduction, t.ksvd_form) if t.eta > 0 else torch.zeros((), device=self.device)
+            loss = (task + t.eta * reg) * share
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            if cfg.optim.clip_norm:
+                nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.clip_norm)
+            optimizer.step()
+            scheduler.step()
+            step += 1
+            last = {"loss": task.item(), "ksvd": reg.item(), "acc": float((logits.argmax(-1) == b["y"]).float().mean())}
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(loss=f"{last['loss']:.3f}", ksvd=f"{last['ksvd']:.2e}", acc=f"{last['acc']:.2f}")
+
+            end_of_round = step % round_len == 0 or step == total
+            if not end_of_round:
+                continue
+            round_index = math.ceil(step / round_len)
+            if round_index % eval_every_rounds == 0 or step == total:
+                row = self._evaluate(model, splits, step, steps_per_epoch, last)
+                history.append(row)
+                selector = "val_acc" if t.protocol == "holdout" else "test_acc"
+                if best is None or row[selector] > best[selector]:
+                    best = dict(row)
+                    if t.protocol == "holdout":
+                        best_weights = state_tensors(model)
+                if self.is_main:
+                    self._log(writer, history)
+                    if bar is not None:
+                        bar.write(self._describe(row))
+            if self.is_main:
+                state = {
+                    "step": step,
+                    "optimizer": optimizer.state_dict(),
+                    "scheduler": scheduler.state_dict(),
+                    "rng": torch.get_rng_state(),
+                    "cuda_rng": torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None,
+                    "history": history,
+                    "best": best,
+                    "wall_time": wall_before + time.perf_counter() - start,
+                }
+                save_checkpoint(ckpt_dir, step, model, state, best_weights)
+        if bar is not None:
+            bar.close()
+        if writer is not None:
+            writer.close()
+        wall = wall_before + time.perf_counter() - start
+        metrics = self._final_metrics(model, splits, history, best, best_weights, wall, total, steps_per_epoch)
+        if self.is_main:
+            (self.out / "metrics.json").write_text(json.dumps(metrics, indent=2))
+        return metrics
+
+    def _evaluate(self, model: nn.Module, splits, step: int, steps_per_epoch: int, last: dict[str, float]) -> dict[str, Any]:
+        t = self.cfg.train
+        row: dict[str, Any] = {"step": step, "epoch": step / steps_per_epoch, "train_loss": last["loss"],
+                               "train_ksvd": last["ksvd"], "train_batch_acc": last["acc"]}
+        if splits.val is not None:
+            v = evaluate(model, splits.val, t.eval_batch_size, self.device)
+            row.update(val_acc=v["acc"], val_loss=v["loss"])
+        if t.protocol == "authors":
+            e = evaluate(model, splits.test, t.eval_batch_size, self.device)
+            row.update(test_acc=e["acc"], test_loss=e["loss"])
+        return row
+
+    @staticmethod
+    def _describe(row: dict[str, Any]) -> str:
+        parts = [f"step {row['step']}", f"epoch {row['epoch']:.1f}", f"loss {row['train_loss']:.4f}", f"ksvd {row['train_ksvd']:.3e}"]
+        parts += [f"{k} {row[k]:.4f}" for k in ("val_acc", "test_acc") if k in row]
+        return " | ".join(parts)
+
+    def _writer(self, step: int):
+        if not self.is_main:
+            return None
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError:  # tensorboard is an optional extra
+            return None
+        return SummaryWriter(str(self.out / "tensorboard"), purge_step=step or None)
+
+    def _log(self, writer, history: list[dict[str, Any]]) -> None:
+        """Rewrite history.csv from the loop state (so a resumed run never duplicates rows)."""
+        keys = list(dict.fromkeys(k for row in history for k in row))
+        tmp = self.out / "history.csv.tmp"
+        with tmp.open("w", newline="") as fh:
+            w = csv.DictWriter(fh, fieldnames=keys)
+            w.writeheader()
+            w.writerows(history)
+        os.replace(tmp, self.out / "history.csv")
+        if writer is not None:
+            row = history[-1]
+            for k, v in row.items():
+                if k not in ("step", "epoch") and isinstance(v, (int, float)):
+                    writer.add_scalar(k, v, row["step"])
+
+    def _final_metrics(self, model, splits, history, best, best_weights, wall, total, steps_per_epoch) -> dict[str, Any]:
+        t = self.cfg.train
+        metrics: dict[str, Any] = {
+            "name": self.cfg.name,
+            "seed": t.seed,
+            "protocol": t.protocol,
+            "steps": total,
+            "epochs": total / steps_per_epoch,
+            "wall_time_s": wall,
+            "train_examples": len(splits.train),
+            "val_examples": 0 if splits.val is None else len(splits.val),
+            "test_examples": len(splits.test),
+        }
+        if t.protocol == "authors":
+            metrics.update(final_test_acc=history[-1]["test_acc"], best_test_acc=best["test_acc"], best_epoch=best["epoch"])
+        else:
+            selected = build_model(self.cfg, splits.train).to(self.device)
+            selected.load_state_dict(best_weights)
+            test = evaluate(selected, splits.test, t.eval_batch_size, self.device)
+            metrics.update(
+                test_acc=test["acc"], best_val_acc=best["val_acc"], best_epoch=best["epoch"],
+                final_val_acc=history[-1]["val_acc"],
+            )
+        metrics["ksvd_j_final"] = self._final_j(model, splits.train)
+        return metrics
+
+    @torch.no_grad()
+    def _final_j(self, model: nn.Module, data: SequenceData) -> dict[str, float]:
+        """Signed J per primal layer (batch reduction) on the first training examples, eval mode."""
+        was = model.training
+        model.eval()
+        b = _batch_to(data, torch.arange(min(len(data), self.cfg.train.eval_batch_size)), self.device)
+        model(b["x"], b["mask"], b["x2"], b["mask2"])
+        out = {name: float(j) for name, j in ksvd_objectives(model, "batch", self.cfg.train.ksvd_form).items()}
+        model.train(was)
+        return out
+
+
+def _mean_std(values: list[float]) -> dict[str, float]:
+    t = torch.tensor(values, dtype=torch.float64)
+    return {"mean": float(t.mean()), "std": float(t.std()) if len(values) > 1 else 0.0, "n": len(values)}
+
+
+def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Mean ± std (sample std over seeds) of every numeric metric of the runs."""
+    keys = [k for k, v in runs[0].items() if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "seed"]
+    summary: dict[str, Any] = {"name": runs[0]["name"], "protocol": runs[0]["protocol"], "seeds": [r["seed"] for r in runs]}
+    summary.update({k: _mean_std([float(r[k]) for r in runs]) for k in keys})
+    return summary
+
+
+def run_seeds(cfg: ExperimentConfig, out_dir: str | Path, seeds: list[int], *, resume: bool = False) -> dict[str, Any]:
+    """One run per seed into ``out_dir/seed_<s>``, then ``out_dir/summary.json``.
+
+    With resume, a seed whose metrics.json exists is not run again and an interrupted one continues.
+    """
+    import dataclasses
+
+    out = Path(out_dir)
+    runs = []
+    for seed in seeds:
+        run_cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, seed=seed))
+        run_dir = out / f"seed_{seed}"
+        done = run_dir / "metrics.json"
+        if resume and done.is_file():
+            runs.append(json.loads(done.read_text()))
+            continue
+        runs.append(Trainer(run_cfg, run_dir, resume=resume).fit())
+    summary = summarize(runs)
+    if int(os.environ.get("RANK", "0")) == 0:
+        (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    return summary
