@@ -114,17 +114,26 @@ def test_valid_sampling_picks_only_real_tokens() -> None:
     assert index[1].tolist()[0] == 20 and index[1].tolist()[-1] == 44
 
 
-def test_unfolded_dropout_branch_matches_folded() -> None:
-    """The per-head branch taken under dropout computes the same map (dropout ~ 0 here)."""
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("fold_out", [True, False])
+def test_both_output_branches_match_reference(causal, fold_out) -> None:
+    """Folded (long sequences) and per-head (short sequences, dropout) branches, forced both ways."""
     torch.manual_seed(1)
-    layer = PrimalAttention(12, 3, 4, num_samples=5).double()
-    x = torch.randn(2, 9, 12, dtype=torch.float64)
+    layer = PrimalAttention(12, 3, 4, num_samples=5, causal=causal).double()
+    x = torch.randn(2, 9, 12, dtype=torch.float64, requires_grad=True)
     mask = torch.ones(2, 9, dtype=torch.bool)
     mask[1, 6:] = False
     w = layer.weights()
-    folded, _ = functional.primal_attention(x, w, heads=3, mask=mask)
-    unfolded, _ = functional.primal_attention(x, w, heads=3, mask=mask, dropout_p=1e-300, training=True)
-    torch.testing.assert_close(folded, unfolded, rtol=1e-10, atol=1e-10)
+    out, _ = functional.primal_attention(x, w, heads=3, mask=mask, causal=causal, fold_out=fold_out)
+    ref = reference.primal_attention(x, w, heads=3, mask=mask, causal=causal).out
+    torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-10)
+    g1 = torch.autograd.grad(out.square().sum(), [x, layer.we, layer.mix.weight])
+    g2 = torch.autograd.grad(ref.square().sum(), [x, layer.we, layer.mix.weight])
+    for a, b in zip(g1, g2):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+    # the dropout branch with a negligible p is the per-head branch
+    drop, _ = functional.primal_attention(x, w, heads=3, mask=mask, causal=causal, dropout_p=1e-300, training=True)
+    torch.testing.assert_close(drop, ref, rtol=1e-10, atol=1e-10)
 
 
 def test_dropout_is_active_in_training_only() -> None:
