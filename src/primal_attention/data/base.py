@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 
@@ -64,6 +65,20 @@ class SequenceData:
         """Channels of continuous input, None for token input."""
         return self.x.shape[2] if self.x.dim() == 3 else None
 
+    def _subset_meta(self, index: torch.Tensor) -> dict:
+        """Per-example metadata (tensors / arrays whose first axis is M) follows the subset; the rest
+        (names, statistics, lists) is shared."""
+        m = len(self)
+        out = {}
+        for key, value in self.meta.items():
+            if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] == m:
+                out[key] = value[index]
+            elif isinstance(value, np.ndarray) and value.ndim > 0 and value.shape[0] == m:
+                out[key] = value[index.numpy()]
+            else:
+                out[key] = value
+        return out
+
     def subset(self, index: torch.Tensor) -> "SequenceData":
         """The examples at ``index`` (a 1-D long tensor), sharing metadata."""
         return SequenceData(
@@ -73,7 +88,7 @@ class SequenceData:
             num_classes=self.num_classes,
             vocab_size=self.vocab_size,
             name=self.name,
-            meta=dict(self.meta),
+            meta=self._subset_meta(index),
             x2=None if self.x2 is None else self.x2[index],
             mask2=None if self.mask2 is None else self.mask2[index],
         )
