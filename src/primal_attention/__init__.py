@@ -17,6 +17,7 @@ from primal_attention.attention import (
     build_attention,
     register_attention,
 )
+import primal_attention.baselines  # noqa: F401  (registers nystrom, linformer, performer, reformer, linear)
 from primal_attention.ksvd import ksvd_loss, ksvd_objectives, primal_layers
 from primal_attention.models.classifier import ClassifierConfig, SequenceClassifier
 from primal_attention.models.lm import CausalLM, CausalLMConfig
