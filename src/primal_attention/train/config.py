@@ -27,8 +27,10 @@ class DataConfig:
     family: "uea" (a UEA archive dataset), "fsdd" (Free Spoken Digit MFCCs), "lra" (a Long Range
     Arena task). name: the dataset or task name. data_dir: user-provided files (UEA ``.ts`` archive,
     LRA release files), else what is bundled or generated here. val_fraction: the stratified
-    validation split carved from TRAIN under the holdout protocol. max_examples: cap per split
-    (None = all), for quick runs. seq_len: sequence length (LRA). options: loader-specific extras.
+    validation split carved from TRAIN under the holdout protocol. max_examples: cap on TRAIN (a
+    fixed random subset; None = all); max_test_examples: cap on TEST (None = max_examples). For
+    generated LRA tasks these are the numbers of examples generated. seq_len: sequence length (LRA).
+    options: loader-specific extras.
     """
 
     family: str = "uea"
@@ -36,6 +38,7 @@ class DataConfig:
     data_dir: str | None = None
     val_fraction: float = 0.2
     max_examples: int | None = None
+    max_test_examples: int | None = None
     seq_len: int | None = None
     options: dict[str, Any] = field(default_factory=dict)
 

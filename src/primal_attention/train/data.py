@@ -32,7 +32,9 @@ def _load_pair(cfg: DataConfig) -> tuple[SequenceData, SequenceData]:
         from primal_attention.data.lra import load_lra
 
         kw = dict(seq_len=cfg.seq_len, data_dir=cfg.data_dir, **cfg.options)
-        return load_lra(cfg.name, "train", **kw), load_lra(cfg.name, "test", **kw)
+        test_cap = cfg.max_test_examples if cfg.max_test_examples is not None else cfg.max_examples
+        return (load_lra(cfg.name, "train", num_examples=cfg.max_examples, **kw),
+                load_lra(cfg.name, "test", num_examples=test_cap, **kw))
     raise ConfigError(f"data.family must be uea, fsdd or lra, got {cfg.family!r}")
 
 
@@ -53,7 +55,8 @@ def build_splits(cfg: ExperimentConfig) -> Splits:
     validation split and is not trained on.
     """
     train, test = _load_pair(cfg.data)
-    train, test = _cap(train, cfg.data.max_examples), _cap(test, cfg.data.max_examples)
+    test_cap = cfg.data.max_test_examples if cfg.data.max_test_examples is not None else cfg.data.max_examples
+    train, test = _cap(train, cfg.data.max_examples), _cap(test, test_cap)
     if cfg.train.protocol == "holdout":
         keep, held = stratified_split(train.y, cfg.data.val_fraction, seed=cfg.train.seed)
         return Splits(train.subset(keep), train.subset(held), test)
