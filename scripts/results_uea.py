@@ -13,11 +13,11 @@ its last epoch checkpoint under ``runs/results_uea/`` (``primal train --resume``
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import subprocess
-import sys
 from pathlib import Path
+
+from primal_attention.train.results import percent_cell as cell
+from primal_attention.train.results import run_stored, stored
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = ROOT / "docs" / "results" / "uea_runs"
@@ -31,30 +31,11 @@ STAND_IN = {"FSDD": "stand-in for SpokenArabicDigits (FSDD MFCCs)", "BasicMotion
 
 
 def run_one(config: str, protocol: str, seed: int, epochs: int | None, threads: int) -> dict:
-    target = RUNS / config / protocol / f"seed_{seed}.json"
-    if target.is_file():
-        return json.loads(target.read_text())
-    out = WORK / config / protocol
-    cmd = [sys.executable, "-m", "primal_attention.cli", "train", str(ROOT / "configs" / "uea" / f"{config}.yaml"),
-           "--out", str(out), "--seeds", str(seed), "--resume",
-           "--set", f"train.protocol={protocol}", "--set", f"train.threads={threads}", "--set", "train.progress=false"]
+    overrides = [f"train.protocol={protocol}", f"train.threads={threads}"]
     if epochs is not None:
-        cmd += ["--set", f"train.epochs={epochs}"]
-    print("$", " ".join(cmd[1:]), flush=True)
-    subprocess.run(cmd, check=True)
-    metrics = json.loads((out / f"seed_{seed}" / "metrics.json").read_text())
-    metrics["command"] = " ".join(["primal", *cmd[3:]])
-    target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(json.dumps(metrics, indent=2))
-    return metrics
-
-
-def cell(values: list[float]) -> str:
-    if not values:
-        return "–"
-    pct = [100 * v for v in values]
-    sd = statistics.stdev(pct) if len(pct) > 1 else 0.0
-    return f"{statistics.mean(pct):.1f} ± {sd:.1f} (n={len(pct)})"
+        overrides.append(f"train.epochs={epochs}")
+    return run_stored(ROOT / "configs" / "uea" / f"{config}.yaml", RUNS / config / protocol / f"seed_{seed}.json",
+                      WORK / config / protocol, seed, overrides)
 
 
 def write_table(datasets: list[str]) -> None:
@@ -83,8 +64,8 @@ def write_table(datasets: list[str]) -> None:
                   "|---|---|---|---|---|---|---|"]
         for key, label in MODELS.items():
             config = f"{dataset}_{key}"
-            auth = [json.loads(p.read_text()) for p in sorted((RUNS / config / "authors").glob("seed_*.json"))]
-            hold = [json.loads(p.read_text()) for p in sorted((RUNS / config / "holdout").glob("seed_*.json"))]
+            auth = stored(RUNS / config / "authors")
+            hold = stored(RUNS / config / "holdout")
             paper = PAPER.get(dataset, {}).get(key)
             epochs = sorted({int(r["epochs"]) for r in auth + hold})
             walls = [r["wall_time_s"] for r in auth + hold]
