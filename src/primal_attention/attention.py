@@ -70,7 +70,7 @@ def check_input(
         raise ValueError(f"{name}: x contains NaN or Inf")
 
 
-def _resolve_mask(mask: Tensor | None, attn_mask: Tensor | None, name: str) -> Tensor | None:
+def resolve_mask(mask: Tensor | None, attn_mask: Tensor | None, name: str) -> Tensor | None:
     """Accept timm's ``attn_mask`` keyword as a (B, N) key-padding mask."""
     if attn_mask is None:
         return mask
@@ -84,7 +84,7 @@ def _resolve_mask(mask: Tensor | None, attn_mask: Tensor | None, name: str) -> T
     return attn_mask
 
 
-def _check_heads(embed_dim: int, num_heads: int, name: str) -> None:
+def check_heads(embed_dim: int, num_heads: int, name: str) -> None:
     if embed_dim <= 0 or num_heads <= 0:
         raise ValueError(f"{name}: embed_dim and num_heads must be positive, got {embed_dim}, {num_heads}")
     if embed_dim % num_heads:
@@ -160,7 +160,7 @@ class PrimalAttention(nn.Module):
         check_finite: bool = False,
     ) -> None:
         super().__init__()
-        _check_heads(embed_dim, num_heads, "PrimalAttention")
+        check_heads(embed_dim, num_heads, "PrimalAttention")
         if not isinstance(rank, int) or rank <= 0:
             raise ValueError(f"PrimalAttention: rank must be a positive int, got {rank!r}")
         if not isinstance(rank_multi, int) or rank_multi <= 0:
@@ -267,7 +267,7 @@ class PrimalAttention(nn.Module):
 
     def forward(self, x: Tensor, mask: Tensor | None = None, *, attn_mask: Tensor | None = None) -> Tensor:
         """x: (B, N, D); mask (or timm's attn_mask): (B, N) bool, True = real token -> (B, N, D)."""
-        mask = _resolve_mask(mask, attn_mask, "PrimalAttention")
+        mask = resolve_mask(mask, attn_mask, "PrimalAttention")
         check_input(x, mask, self.embed_dim, check_finite=self.check_finite, name="PrimalAttention")
         if self.fused:
             out, self._cache = functional.primal_attention(
@@ -385,7 +385,7 @@ class SoftmaxAttention(nn.Module):
         check_finite: bool = False,
     ) -> None:
         super().__init__()
-        _check_heads(embed_dim, num_heads, type(self).__name__)
+        check_heads(embed_dim, num_heads, type(self).__name__)
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"{type(self).__name__}: dropout must be in [0, 1), got {dropout}")
         self.embed_dim = embed_dim
@@ -420,7 +420,7 @@ class SoftmaxAttention(nn.Module):
     def forward(self, x: Tensor, mask: Tensor | None = None, *, attn_mask: Tensor | None = None) -> Tensor:
         """x: (B, N, D); mask (or timm's attn_mask): (B, N) bool, True = real token -> (B, N, D)."""
         name = type(self).__name__
-        mask = _resolve_mask(mask, attn_mask, name)
+        mask = resolve_mask(mask, attn_mask, name)
         check_input(x, mask, self.embed_dim, check_finite=self.check_finite, name=name)
         batch, seq_len, dim = x.shape
 

@@ -14,7 +14,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor, nn
 
-from primal_attention.attention import _check_heads, _resolve_mask, check_input
+from primal_attention.attention import check_heads, resolve_mask, check_input
 
 
 class BaselineAttention(nn.Module):
@@ -53,7 +53,7 @@ class BaselineAttention(nn.Module):
     ) -> None:
         super().__init__()
         name = type(self).__name__
-        _check_heads(embed_dim, num_heads, name)
+        check_heads(embed_dim, num_heads, name)
         if max_seq_len is not None and max_seq_len <= 0:
             raise ValueError(f"{name}: max_seq_len must be positive or None, got {max_seq_len}")
         if not 0.0 <= dropout < 1.0:
@@ -103,7 +103,7 @@ class BaselineAttention(nn.Module):
 
     def forward(self, x: Tensor, mask: Tensor | None = None, *, attn_mask: Tensor | None = None) -> Tensor:
         """x: (B, N, D); mask (or timm's attn_mask): (B, N) bool, True = real token -> (B, N, D)."""
-        mask = _resolve_mask(mask, attn_mask, type(self).__name__)
+        mask = resolve_mask(mask, attn_mask, type(self).__name__)
         self._check_input(x, mask)
         q, k, v = self._project(x)
         out = self._attend(q, k, v, mask)
