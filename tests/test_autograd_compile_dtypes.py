@@ -52,11 +52,12 @@ def test_gradcheck_parameters() -> None:
 
 
 @pytest.mark.slow
-def test_compile_fullgraph_cpu() -> None:
+@pytest.mark.parametrize("seq_len", [12, 300], ids=["per-head path", "folded path"])
+def test_compile_fullgraph_cpu(seq_len) -> None:
     torch.manual_seed(0)
     layer = PrimalAttention(16, 2, 4, num_samples=6)
-    x = torch.randn(2, 12, 16)
-    mask = torch.ones(2, 12, dtype=torch.bool)
+    x = torch.randn(2, seq_len, 16)
+    mask = torch.ones(2, seq_len, dtype=torch.bool)
     mask[1, 8:] = False
 
     def step(x, mask):

@@ -148,3 +148,48 @@ def test_dropout_is_active_in_training_only() -> None:
     layer.train()
     with pytest.raises(ValueError, match="no dropout"):
         layer(x)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("sampling", ["uniform", "valid"])
+@pytest.mark.parametrize("chunk_rows", [5, 64, 4096])
+@pytest.mark.parametrize("form,reduction", [("authors", "batch"), ("authors", "sample"), ("paper", "sample")])
+def test_folded_chunked_path_matches_reference_with_ksvd(causal, sampling, chunk_rows, form, reduction) -> None:
+    """The hand-written-backward folded path (forced, several chunkings: row ranges of one sample and
+    groups of whole samples), with padding, KSVD terms and every parameter gradient, in float64."""
+    torch.manual_seed(7)
+    layer = PrimalAttention(12, 3, 4, num_samples=6, causal=causal, sampling=sampling).double()
+    randomise(layer, torch.Generator().manual_seed(3))
+    x = torch.randn(3, 23, 12, dtype=torch.float64, requires_grad=True)
+    mask = torch.arange(23)[None] < torch.tensor([[23], [15], [2]])
+    params = list(layer.parameters())
+
+    def loss_of(out, j):
+        weights = torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view_as(out)
+        return (out * weights).sum() + j.square().sum()
+
+    w = layer.weights()
+    out, cache = functional.primal_attention(x, w, heads=3, causal=causal, mask=mask, sampling=sampling,
+                                             fold_out=True, chunk_rows=chunk_rows)
+    j = functional.ksvd_objective(cache, layer.lambdas, layer.we, layer.wr, reduction=reduction, form=form)
+    fast = torch.autograd.grad(loss_of(out, j), [x, *params])
+    trace = reference.primal_attention(x, w, heads=3, causal=causal, mask=mask, sampling=sampling)
+    j_ref = reference.ksvd_objective(trace, w, reduction=reduction, form=form)
+    torch.testing.assert_close(out, trace.out, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(j, j_ref, rtol=1e-10, atol=1e-10)
+    slow = torch.autograd.grad(loss_of(trace.out, j_ref), [x, *params])
+    for a, b in zip(fast, slow):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9)
+
+
+def test_folded_path_gradcheck() -> None:
+    torch.manual_seed(0)
+    layer = PrimalAttention(6, 2, 3, num_samples=4).double()
+    mask = torch.tensor([[True] * 7, [True] * 4 + [False] * 3])
+    x = torch.randn(2, 7, 6, dtype=torch.float64, requires_grad=True)
+
+    def f(x):
+        out, cache = functional.primal_attention(x, layer.weights(), heads=2, mask=mask, fold_out=True, chunk_rows=3)
+        return out, functional.ksvd_objective(cache, layer.lambdas, layer.we, layer.wr)
+
+    assert torch.autograd.gradcheck(f, (x,))

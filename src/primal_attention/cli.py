@@ -142,6 +142,13 @@ def _data_fetch(args: argparse.Namespace) -> int:
     return 0
 
 
+def _spectrum(args: argparse.Namespace) -> int:
+    from primal_attention.analysis.spectrum import spectrum_command
+
+    return spectrum_command(args.target, split=args.split, max_examples=args.max_examples, batch_size=args.batch_size,
+                            group_size=args.group_size, out=args.out, last=args.last, overrides=args.set)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="primal", description="Primal-Attention: train, benchmark, analyse.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -177,6 +184,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("checkpoint")
     p.add_argument("--last", action="store_true", help="use the last weights even where a holdout-selected best exists")
     p.set_defaults(func=_eval)
+
+    p = sub.add_parser("spectrum", help="singular value spectra of the attention layers and KSVD diagnostics")
+    p.add_argument("target", help="a run directory (e.g. runs/x/seed_0), a ckpt-* directory, or a YAML config (untrained)")
+    p.add_argument("--split", default="test", choices=("train", "val", "test"))
+    p.add_argument("--max-examples", type=int, default=200, help="analyse the first N examples of the split")
+    p.add_argument("--batch-size", type=int, default=16, help="examples per forward / batched SVD")
+    p.add_argument("--group-size", type=int, default=1, help="pool this many consecutive same-kind layers per curve")
+    p.add_argument("--out", help="output directory (default RUN_DIR/spectrum_<split>)")
+    p.add_argument("--last", action="store_true", help="use the last weights even where a holdout-selected best exists")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a value of a config target")
+    p.set_defaults(func=_spectrum)
+
+    from primal_attention.bench.cli import add_arguments as add_bench_arguments
+    from primal_attention.bench.cli import run as run_bench
+
+    p = sub.add_parser("bench", help="efficiency benchmark grid (JSON, markdown, plots)")
+    add_bench_arguments(p)
+    p.set_defaults(func=run_bench)
     return parser
 
 

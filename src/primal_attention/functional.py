@@ -3,20 +3,26 @@
 The math is :mod:`primal_attention.reference`; this module computes the same numbers with fewer
 passes over memory (DESIGN.md §4, efficiency note):
 
-* q and k come out of one matmul, are normalised per head in place of a (B, H, N, d) copy, and are
-  kept side by side as the feature matrix ``[q̂ | k̂]`` of shape (B, N, 2D).
 * The score tensors e, r (B, H, N, s) are never formed. Per sample and head the map
   ``q̂ ↦ e ↦ mix ↦ out_proj`` is linear, so it folds into one (2D, D) matrix ``A`` per sample
-  (static for causal layers) and the whole layer after the q/k projection is one matmul
-  ``[q̂ | k̂] @ A``.
+  (static for causal layers) and the layer after the q/k projection is one matmul ``[q̂ | k̂] @ A``.
 * The KSVD terms need only the (d, d) Gram matrices of q̂ and k̂ per head:
-  ``Σ_i ‖λ ⊙ e_i‖² = Σ_s λ_s² w_sᵀ (Σ_i q̂_i q̂_iᵀ) w_s``. They are computed lazily from what the
-  forward keeps anyway, so a forward that is not followed by a KSVD loss costs nothing extra.
+  ``Σ_i ‖λ ⊙ e_i‖² = Σ_s λ_s² w_sᵀ (Σ_i q̂_i q̂_iᵀ) w_s``.
+* For long sequences (the folded path) everything that touches N rows — q/k projection, the
+  normalisation, the Gram matrices and the folded matmul — runs in one :class:`torch.autograd.Function`
+  (:class:`_FoldedPrimal`) with a hand-written backward. It walks the rows in chunks of about
+  :data:`CHUNK_ROWS` so that each chunk's intermediates stay in cache instead of making a dozen
+  passes over (B, N, 2D) tensors in main memory, keeps only ``[q̂ | k̂]`` and the inverse norms for
+  backward, and returns the Gram matrices as a small second output, so the KSVD gradient arrives in
+  the same backward. Under autocast the matmuls run in the autocast dtype and the Gram matrices are
+  accumulated in float32.
+* Short sequences (N < 16·D, e.g. UEA) and active dropout keep the per-head path
+  (:func:`mix_and_project`), where folding ``out_proj`` costs more than it saves.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -24,18 +30,28 @@ from torch import Tensor
 
 from primal_attention.reference import EPS, PrimalWeights, uniform_sample_index
 
+#: rows per chunk of the folded path: 2048 rows of [q̂ | k̂] at D 64 are 1 MiB in float32, so a
+#: chunk's temporaries fit the 2 MiB L2 cache of the machine this was tuned on (measured in
+#: ``primal bench``; 1024–4096 are within noise of each other, unchunked is slower).
+CHUNK_ROWS = 2048
+
 
 class PrimalCache(NamedTuple):
     """What a forward keeps for the KSVD objective.
 
-    features: (B, N, 2D), ``[q̂ | k̂]`` with head h of q̂ in channels h*d .. (h+1)*d - 1;
+    features: (B, N, 2D) ``[q̂ | k̂]`` (head h of q̂ in channels h*d .. (h+1)*d - 1), kept when the
+    Gram matrices were not formed in the forward (no-grad forward or per-head path), else None;
     proj: (B or 1, 2, H, d, s), ``[W_{e|X}, W_{r|X}]`` (causal: the static W_e, W_r);
-    token_weight: (B, N) float, 1 for tokens in the KSVD means, or None for all tokens.
+    token_weight: (B, N) float, 1 for tokens in the KSVD means, or None for all tokens;
+    gram: (B, 2, H, d, d) float32/64 token-weighted Gram matrices of q̂ and k̂ per head, or None;
+    seq_len: N (the token count of the means when token_weight is None).
     """
 
-    features: Tensor
+    features: Tensor | None
     proj: Tensor
     token_weight: Tensor | None
+    gram: Tensor | None = None
+    seq_len: int = 0
 
 
 def valid_sample_index(mask: Tensor, num_samples: int) -> Tensor:
@@ -60,6 +76,200 @@ def _causal_prefix_mean(qk: Tensor, real: Tensor | None) -> Tensor:
     return torch.cumsum(qk * w, dim=1) / torch.cumsum(w, dim=1).clamp_min(1.0)
 
 
+def _chunks(batch: int, seq_len: int, rows: int) -> list[tuple[int, int, int, int]]:
+    """(b0, b1, r0, r1) blocks covering (B, N): whole samples grouped up to ``rows`` rows, or row
+    ranges of one sample. Each block's view ``t[b0:b1, r0:r1]`` of a contiguous (B, N, C) tensor is
+    itself contiguous, so every matmul in the loop writes straight into its slice."""
+    if seq_len >= rows:
+        return [(b, b + 1, r, min(r + rows, seq_len)) for b in range(batch) for r in range(0, seq_len, rows)]
+    per = max(1, rows // seq_len)
+    return [(b, min(b + per, batch), 0, seq_len) for b in range(0, batch, per)]
+
+
+def _gram_into(gram_b: Tensor, f: Tensor, fw: Tensor, groups: int) -> None:
+    """gram_b (G, d, d) += Σ_i f_{i,g}ᵀ fw_{i,g} for rows f, fw: (R, G·d), one batched GEMM over groups."""
+    rows = f.shape[0]
+    fg = f.view(rows, groups, -1)
+    fwg = fw.view(rows, groups, -1)
+    gram_b.baddbmm_(fg.permute(1, 2, 0), fwg.permute(1, 0, 2))
+
+
+class _FoldedPrimal(torch.autograd.Function):
+    """The rows-sized part of the folded layer, with a hand-written backward.
+
+    Forward, per chunk of rows (DESIGN.md §2 steps 1, 2, 4, 5 and §4 efficiency note):
+        qk = x W_qkᵀ + b_qk                              (skipped when wqk is None: x is qk)
+        f = qk / max(‖qk‖_group, eps)                    per group of d channels (F.normalize)
+        gram[b, g] += Σ_i w_i f_{i,g} f_{i,g}ᵀ           (only when need_gram)
+        out = (f A_b + c) ⊙ real + o                     (without a mask: f A_b + c + o)
+
+    Backward, per chunk, from grad_out and grad_gram (S = grad_gram + grad_gramᵀ):
+        gm = grad_out ⊙ real;  dA_b += fᵀ gm;  dc += Σ gm;  do += Σ grad_out
+        df = gm A_bᵀ + w ⊙ (f_g S_g)
+        dqk = (df − f (f·df)·[‖qk‖ > eps]) / max(‖qk‖, eps)
+        dx = dqk W_qk;  dW_qk += dqkᵀ x;  db_qk += Σ dqk
+
+    Saved for backward: x, f (B, N, C) and 1/max(‖qk‖, eps) (B, N, G); nothing else of size N.
+    A chunk is one sample's row range (2-D matmuls) or a group of whole short samples (batched).
+    """
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        x: Tensor,
+        wqk: Tensor | None,
+        bqk: Tensor | None,
+        fold: Tensor,
+        cbias: Tensor | None,
+        obias: Tensor | None,
+        real: Tensor | None,
+        token_weight: Tensor | None,
+        groups: int,
+        need_gram: bool,
+        chunk_rows: int,
+    ) -> tuple[Tensor, Tensor]:
+        batch, seq_len, _ = x.shape
+        width, out_dim = fold.shape[1], fold.shape[2]
+        d = width // groups
+        dtype = fold.dtype
+        gram_dtype = torch.promote_types(dtype, torch.float32)
+        shared = fold.shape[0] == 1
+        f = torch.empty(batch, seq_len, width, dtype=dtype, device=x.device)
+        rn = torch.empty(batch, seq_len, groups, dtype=dtype, device=x.device)
+        out = torch.empty(batch, seq_len, out_dim, dtype=dtype, device=x.device)
+        gram = torch.zeros(batch, groups, d, d, dtype=gram_dtype, device=x.device) if need_gram else None
+        bias = None
+        if real is None:
+            bias = cbias if obias is None else (obias if cbias is None else cbias + obias)
+        wqk_t = None if wqk is None else wqk.t()
+        for b0, b1, r0, r1 in _chunks(batch, seq_len, chunk_rows):
+            nb, rows = b1 - b0, (b1 - b0) * (r1 - r0)
+            f2 = f[b0:b1, r0:r1].view(rows, width)
+            x2 = x[b0:b1, r0:r1].reshape(rows, -1)
+            if wqk is None:
+                f2.copy_(x2)
+            elif bqk is None:
+                torch.mm(x2, wqk_t, out=f2)
+            else:
+                torch.addmm(bqk, x2, wqk_t, out=f2)
+            fg = f2.view(rows, groups, d)
+            inv = rn[b0:b1, r0:r1].view(rows, groups)
+            torch.linalg.vector_norm(fg, dim=-1, out=inv)
+            inv.clamp_min_(EPS).reciprocal_()
+            fg.mul_(inv[:, :, None])
+
+            if gram is not None:
+                fgram = f2 if gram_dtype == dtype else f2.to(gram_dtype)
+                fw = fgram
+                if token_weight is not None:
+                    fw = fgram * token_weight[b0:b1, r0:r1].reshape(rows, 1).to(gram_dtype)
+                step = r1 - r0
+                for i, b in enumerate(range(b0, b1)):
+                    sl = slice(i * step, (i + 1) * step)
+                    _gram_into(gram[b], fgram[sl], fw[sl], groups)
+
+            o2 = out[b0:b1, r0:r1].view(rows, out_dim)
+            if shared or nb == 1:
+                a2 = fold[0] if shared else fold[b0]
+                if bias is not None:
+                    torch.addmm(bias, f2, a2, out=o2)
+                else:
+                    torch.mm(f2, a2, out=o2)
+            else:
+                oc, fc = o2.view(nb, -1, out_dim), f2.view(nb, -1, width)
+                if bias is not None:
+                    torch.baddbmm(bias, fc, fold[b0:b1], out=oc)
+                else:
+                    torch.bmm(fc, fold[b0:b1], out=oc)
+            if real is not None:
+                if cbias is not None:
+                    o2.add_(cbias)
+                o2.mul_(real[b0:b1, r0:r1].reshape(rows, 1))
+                if obias is not None:
+                    o2.add_(obias)
+
+        ctx.save_for_backward(x, wqk, fold, f, rn, real, token_weight)
+        ctx.flags = (bqk is not None, cbias is not None, obias is not None, groups, chunk_rows)
+        if gram is None:
+            ctx.mark_non_differentiable(f)
+            return out, f  # no Gram: the caller keeps the features for a later KSVD objective
+        return out, gram
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: Tensor | None, grad_gram: Tensor | None):
+        x, wqk, fold, f, rn, real, token_weight = ctx.saved_tensors
+        has_bqk, has_c, has_o, groups, chunk_rows = ctx.flags
+        need = ctx.needs_input_grad
+        batch, seq_len, width = f.shape
+        out_dim = fold.shape[2]
+        d = width // groups
+        dtype = f.dtype
+        shared = fold.shape[0] == 1
+        if grad_out is None:
+            grad_out = torch.zeros(batch, seq_len, out_dim, dtype=dtype, device=f.device)
+        grad_out = grad_out.to(dtype).contiguous()
+        sym = None if grad_gram is None else (grad_gram + grad_gram.transpose(-1, -2)).to(dtype)  # (B, G, d, d)
+
+        dx = torch.empty_like(x) if need[0] else None
+        dwqk = torch.zeros_like(wqk) if (wqk is not None and need[1]) else None
+        dbqk = torch.zeros(width, dtype=dtype, device=f.device) if (has_bqk and need[2]) else None
+        dfold = torch.zeros_like(fold) if need[3] else None
+        dc = torch.zeros(out_dim, dtype=dtype, device=f.device) if (has_c and need[4]) else None
+        do = torch.zeros(out_dim, dtype=dtype, device=f.device) if (has_o and need[5]) else None
+        want_df = need[0] or need[1] or need[2]
+
+        for b0, b1, r0, r1 in _chunks(batch, seq_len, chunk_rows):
+            nb, rows, step = b1 - b0, (b1 - b0) * (r1 - r0), r1 - r0
+            f2 = f[b0:b1, r0:r1].view(rows, width)
+            g2 = grad_out[b0:b1, r0:r1].view(rows, out_dim)
+            if do is not None:
+                do.add_(g2.sum(dim=0))
+            gm = g2 if real is None else g2 * real[b0:b1, r0:r1].reshape(rows, 1)
+            if dc is not None:
+                dc.add_(gm.sum(dim=0))
+            one = shared or nb == 1
+            if dfold is not None:
+                if one:
+                    dfold[0 if shared else b0].addmm_(f2.t(), gm)
+                else:
+                    dfold[b0:b1].baddbmm_(f2.view(nb, step, width).transpose(1, 2), gm.view(nb, step, out_dim))
+            if not want_df:
+                continue
+            if one:
+                df = gm @ (fold[0] if shared else fold[b0]).t()
+            else:
+                df = torch.bmm(gm.view(nb, step, out_dim), fold[b0:b1].transpose(1, 2)).view(rows, width)
+            if sym is not None:
+                fw = f2 if token_weight is None else f2 * token_weight[b0:b1, r0:r1].reshape(rows, 1).to(dtype)
+                for i, b in enumerate(range(b0, b1)):
+                    sl = slice(i * step, (i + 1) * step)
+                    term = torch.bmm(fw[sl].view(step, groups, d).transpose(0, 1), sym[b])  # (G, step, d)
+                    df[sl].view(step, groups, d).add_(term.transpose(0, 1))
+            inv = rn[b0:b1, r0:r1].view(rows, groups)
+            fg = f2.view(rows, groups, d)
+            dfg = df.view(rows, groups, d)
+            # ‖qk‖ ≤ eps: F.normalize divides by the constant eps there, the projection term drops.
+            coef = (fg * dfg).sum(dim=-1).mul_(inv).mul_(inv < 1.0 / EPS)
+            dfg.mul_(inv[:, :, None]).sub_(fg * coef[:, :, None])
+            if dx is not None:
+                xr = dx[b0:b1, r0:r1].view(rows, -1)
+                if wqk is None:
+                    xr.copy_(df)
+                else:
+                    torch.mm(df, wqk, out=xr)
+            if dwqk is not None:
+                dwqk.addmm_(df.t(), x[b0:b1, r0:r1].reshape(rows, -1))
+            if dbqk is not None:
+                dbqk.add_(df.sum(dim=0))
+        return dx, dwqk, dbqk, dfold, dc, do, None, None, None, None, None
+
+
+def _autocast_dtype(device_type: str) -> torch.dtype | None:
+    if torch.is_autocast_enabled(device_type):
+        return torch.get_autocast_dtype(device_type)
+    return None
+
+
 def primal_attention(
     x: Tensor,
     weights: PrimalWeights,
@@ -71,6 +281,7 @@ def primal_attention(
     dropout_p: float = 0.0,
     training: bool = False,
     fold_out: bool | None = None,
+    chunk_rows: int | None = None,
 ) -> tuple[Tensor, PrimalCache]:
     """Fast Primal-Attention forward; same arguments and output as the reference.
 
@@ -78,23 +289,19 @@ def primal_attention(
         x: (B, N, D). mask: (B, N) bool or None. dropout_p: dropout on the mixed per-head output
             (before out_proj); when it is active the output projection cannot be folded and a
             per-head path is taken. fold_out: fold out_proj into the per-sample map (None: when
-            N ≥ 16·D, where it measured faster).
+            N ≥ 16·D, where it measured faster). chunk_rows: rows per chunk of the folded path
+            (default :data:`CHUNK_ROWS`).
 
     Returns:
         out (B, N, D) and the :class:`PrimalCache` for the KSVD objective.
     """
     batch, seq_len, dim = x.shape
     d = dim // heads
-    s = weights.lam.shape[-1]
     real = None if mask is None else mask.to(x.dtype)
+    token_weight = real if (real is not None and sampling == "valid") else None
 
     qk_weight = torch.cat([weights.q_weight, weights.k_weight], dim=0)
     qk_bias = None if weights.q_bias is None else torch.cat([weights.q_bias, weights.k_bias], dim=0)
-    qk = F.linear(x, qk_weight, qk_bias)  # (B, N, 2D)
-    if causal:
-        qk = _causal_prefix_mean(qk, real)
-    features = F.normalize(qk.view(batch, seq_len, 2 * heads, d), p=2.0, dim=-1, eps=EPS)
-    features = features.view(batch, seq_len, 2 * dim)
 
     w_er = torch.stack([weights.we, weights.wr])  # (2, H, n or d, s)
     if causal:
@@ -109,11 +316,77 @@ def primal_attention(
         x_tilde = x_sampled.view(batch, n, heads, d)
         proj = torch.einsum("bmhc,ghms->bghcs", x_tilde, w_er)  # (B, 2, H, d, s)
 
+    if fold_out is None:
+        fold_out = seq_len >= 16 * dim
+    fold_out = fold_out and not (training and dropout_p > 0.0)
+    if fold_out:
+        return _folded(x, weights, proj, qk_weight, qk_bias, heads=heads, causal=causal, real=real,
+                       token_weight=token_weight, chunk_rows=chunk_rows or CHUNK_ROWS)
+
+    qk = F.linear(x, qk_weight, qk_bias)  # (B, N, 2D)
+    if causal:
+        qk = _causal_prefix_mean(qk, real)
+    features = F.normalize(qk.view(batch, seq_len, 2 * heads, d), p=2.0, dim=-1, eps=EPS)
+    features = features.view(batch, seq_len, 2 * dim)
     out = mix_and_project(
-        features, proj, weights, heads=heads, real=real, dropout_p=dropout_p, training=training, fold_out=fold_out
+        features, proj, weights, heads=heads, real=real, dropout_p=dropout_p, training=training, fold_out=False
     )
-    token_weight = real if (real is not None and sampling == "valid") else None
-    return out, PrimalCache(features, proj, token_weight)
+    return out, PrimalCache(features, proj, token_weight, None, seq_len)
+
+
+def _fold_matrix(proj: Tensor, weights: PrimalWeights, heads: int) -> Tensor:
+    """The per-sample (2D, D) map ``[q̂ | k̂] ↦ out_proj(merge(mix([e; r])))`` without biases."""
+    dim = weights.out_weight.shape[0]
+    d = dim // heads
+    s = weights.lam.shape[-1]
+    mix = weights.mix_weight.view(d, 2, s).permute(1, 0, 2)  # (2, d, s): C_e, C_r
+    out_w = weights.out_weight.view(dim, heads, d)  # out_w[o, h, e] = W_o[o, h*d + e]
+    head_map = torch.einsum("bghcs,ges->bghce", proj, mix)  # (B|1, 2, H, d, d)
+    return torch.einsum("bghce,ohe->bghco", head_map, out_w).reshape(-1, 2 * dim, dim)
+
+
+def _folded(
+    x: Tensor,
+    weights: PrimalWeights,
+    proj: Tensor,
+    qk_weight: Tensor,
+    qk_bias: Tensor | None,
+    *,
+    heads: int,
+    causal: bool,
+    real: Tensor | None,
+    token_weight: Tensor | None,
+    chunk_rows: int,
+) -> tuple[Tensor, PrimalCache]:
+    dim = x.shape[-1]
+    d = dim // heads
+    fold = _fold_matrix(proj, weights, heads)
+    cbias = None
+    if weights.mix_bias is not None:
+        cbias = torch.einsum("e,ohe->o", weights.mix_bias, weights.out_weight.view(dim, heads, d))
+    obias = weights.out_bias
+    wqk, bqk, inp = qk_weight, qk_bias, x
+    if causal:
+        inp = _causal_prefix_mean(F.linear(x, qk_weight, qk_bias), real)
+        wqk = bqk = None
+    dtype = _autocast_dtype(x.device.type)
+    if dtype is not None:
+        # Matmuls in the autocast dtype, like F.linear under autocast; the Gram stays float32.
+        inp, fold = inp.to(dtype), fold.to(dtype)
+        wqk = None if wqk is None else wqk.to(dtype)
+        bqk = None if bqk is None else bqk.to(dtype)
+        cbias = None if cbias is None else cbias.to(dtype)
+        obias = None if obias is None else obias.to(dtype)
+        real = None if real is None else real.to(dtype)
+    need_gram = torch.is_grad_enabled()
+    with torch.autocast(x.device.type, enabled=False):
+        out, second = _FoldedPrimal.apply(
+            inp, wqk, bqk, fold, cbias, obias, real, token_weight, 2 * heads, need_gram, chunk_rows
+        )
+    if need_gram:
+        gram = second.view(x.shape[0], 2, heads, d, d)
+        return out, PrimalCache(None, proj, token_weight, gram, x.shape[1])
+    return out, PrimalCache(second, proj, token_weight, None, x.shape[1])
 
 
 def mix_and_project(
@@ -137,8 +410,6 @@ def mix_and_project(
     dim = two_dim // 2
     d = dim // heads
     s = weights.lam.shape[-1]
-    mix = weights.mix_weight.view(d, 2, s).permute(1, 0, 2)  # (2, d, s): C_e, C_r
-    head_map = torch.einsum("bghcs,ges->bghce", proj, mix)  # (B|1, 2, H, d, d)
 
     # Folding out_proj costs 2·d·D² per sample to build and saves one (B, N, D) pass: it pays only
     # for long sequences relative to the width (measured: 3x slower at N 29, D 512; 1.5x faster at
@@ -147,6 +418,8 @@ def mix_and_project(
         fold_out = seq_len >= 16 * dim
     fold_out = fold_out and not (training and dropout_p > 0.0)
     if not fold_out:
+        mix = weights.mix_weight.view(d, 2, s).permute(1, 0, 2)  # (2, d, s): C_e, C_r
+        head_map = torch.einsum("bghcs,ges->bghce", proj, mix)  # (B|1, 2, H, d, d)
         f = features.view(batch, seq_len, 2, heads, d)
         mixed = torch.einsum("bnghc,bghce->bnhe", f, head_map.expand(batch, -1, -1, -1, -1))
         if weights.mix_bias is not None:
@@ -157,12 +430,11 @@ def mix_and_project(
             mixed = F.dropout(mixed, p=dropout_p, training=True)
         return F.linear(mixed.reshape(batch, seq_len, dim), weights.out_weight, weights.out_bias)
 
-    out_w = weights.out_weight.view(dim, heads, d)  # out_w[o, h, e] = W_o[o, h*d + e]
-    fold = torch.einsum("bghce,ohe->bghco", head_map, out_w).reshape(-1, 2 * dim, dim)
+    fold = _fold_matrix(proj, weights, heads)
     out = features @ fold if fold.shape[0] == batch else features @ fold[0]
     # Under autocast the matmul gives bf16/fp16; keep the elementwise tail in that dtype.
     if weights.mix_bias is not None:
-        out = out + torch.einsum("e,ohe->o", weights.mix_bias, out_w).to(out.dtype)
+        out = out + torch.einsum("e,ohe->o", weights.mix_bias, weights.out_weight.view(dim, heads, d)).to(out.dtype)
     if real is not None:
         out = out * real[:, :, None].to(out.dtype)
     if weights.out_bias is not None:
@@ -185,23 +457,27 @@ def ksvd_objective(
     (H, s), we / wr the learned parameters. Always computed in float32 (or float64 if the cache is),
     autocast off. Returns a scalar for reduction="batch" and (B,) for "sample".
     """
-    features, proj, token_weight = cache
-    compute_dtype = torch.promote_types(features.dtype, torch.float32)
-    with torch.autocast(device_type=features.device.type, enabled=False):
-        batch, seq_len, _ = features.shape
+    features, proj, token_weight, gram, seq_len = cache
+    with torch.autocast(device_type=proj.device.type, enabled=False):
+        if gram is None:
+            compute_dtype = torch.promote_types(features.dtype, torch.float32)
+            batch, seq_len, _ = features.shape
+            heads = lam.shape[0]
+            d = proj.shape[-2]
+            f = features.to(compute_dtype).view(batch, seq_len, 2, heads, d)
+            fw = f if token_weight is None else f * token_weight.to(compute_dtype)[:, :, None, None, None]
+            gram = torch.einsum("bnghc,bnghe->bghce", fw, f)  # (B, 2, H, d, d)
+        else:
+            compute_dtype = gram.dtype
+            batch = gram.shape[0]
         heads, s = lam.shape
-        d = proj.shape[-2]
-        f = features.to(compute_dtype).view(batch, seq_len, 2, heads, d)
-        fw = f if token_weight is None else f * token_weight.to(compute_dtype)[:, :, None, None, None]
-        gram = torch.einsum("bnghc,bnghe->bghce", fw, f)  # (B, 2, H, d, d)
         p = proj.to(compute_dtype)
         quad = (p * (gram @ p)).sum(dim=-2)  # (B, 2, H, s): Σ_i (w_sᵀ f_i)²
         lam = lam.to(compute_dtype)
         if token_weight is None:
-            count = torch.full((batch,), float(seq_len), dtype=compute_dtype, device=features.device)
+            count = torch.full((batch,), float(seq_len), dtype=compute_dtype, device=proj.device)
         else:
             count = token_weight.to(compute_dtype).sum(dim=1)
-
         if form == "authors":
             trace = (we.to(compute_dtype) * wr.to(compute_dtype)).sum() / heads
             score = 0.5 * (quad * lam.square()).sum(dim=(1, 2, 3))  # (B,)

@@ -232,6 +232,13 @@ class Trainer:
         if t.protocol == "authors":
             e = evaluate(model, splits.test, t.eval_batch_size, self.device)
             row.update(test_acc=e["acc"], test_loss=e["loss"])
+        from primal_attention.analysis.diagnostics import ksvd_diagnostics
+        from primal_attention.ksvd import primal_layers
+
+        if primal_layers(model):
+            # KSVD state (J, Λ, stationarity residuals) on a fixed batch: the first training examples.
+            fixed = _batch_to(splits.train, torch.arange(min(len(splits.train), t.eval_batch_size)), self.device)
+            row.update({f"ksvd/{k}": v for k, v in ksvd_diagnostics(model, fixed, per_head=False).items()})
         return row
 
     @staticmethod

@@ -1,0 +1,104 @@
+"""``primal bench``: the arguments and what the subcommand runs."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from primal_attention.bench.grid import PRESETS, with_overrides
+from primal_attention.bench.methods import METHODS
+from primal_attention.bench.workloads import DTYPES, LEVELS, MODES
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from err
+    if not values or any(v <= 0 for v in values):
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return tuple(sorted(set(values)))
+
+
+def _choices(allowed: tuple[str, ...] | list[str]):
+    def parse(text: str) -> tuple[str, ...]:
+        values = tuple(v.strip() for v in text.split(",") if v.strip())
+        bad = [v for v in values if v not in allowed]
+        if bad or not values:
+            raise argparse.ArgumentTypeError(f"expected a comma-separated subset of {', '.join(allowed)}, got {text!r}")
+        return values
+
+    return parse
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--quick", action="store_true", help="the quick grid (training step + layer, fp32 eager, N 256-4096)")
+    p.add_argument("--preset", choices=sorted(PRESETS), default=None, help="grid preset (default full; --quick = quick)")
+    p.add_argument("--out", default=None, help="output directory (default bench_results/<preset>-<time>)")
+    p.add_argument("--levels", type=_choices(LEVELS), help=f"comma-separated subset of {','.join(LEVELS)}")
+    p.add_argument("--seq-lens", type=_ints, help="comma-separated N, e.g. 256,1024,4096")
+    p.add_argument("--batch", type=int)
+    p.add_argument("--dtypes", type=_choices(DTYPES), help="fp32,bf16 (bf16 = autocast)")
+    p.add_argument("--modes", type=_choices(MODES), help="eager,compile")
+    p.add_argument("--methods", type=_choices(list(METHODS)), help=f"subset of {','.join(METHODS)}")
+    p.add_argument("--compile-methods", type=_choices(list(METHODS)), help="methods also run under torch.compile")
+    p.add_argument("--repeats", type=int)
+    p.add_argument("--warmup", type=int)
+    p.add_argument("--time-budget", type=float, dest="time_budget_s", help="seconds per call before a method stops")
+    p.add_argument("--memory-budget-gb", type=float, help="GB per call before a method stops (default: half the free memory)")
+    p.add_argument("--max-minutes", type=float, help="stop the whole grid (marked) after this long")
+    p.add_argument("--device", help="cpu or cuda[:i]")
+    p.add_argument("--threads", type=int, help="torch threads (default: torch's)")
+    p.add_argument("--no-memory", action="store_true", help="skip the isolated peak-memory measurement")
+    p.add_argument("--doc", help="also write the efficiency page here (e.g. docs/results/efficiency.md)")
+    p.add_argument("--gpu-json", help="a GPU run's results.json to fill the page's GPU section")
+    p.add_argument("--from-json", help="re-render tables, plots (and --doc) from an existing results.json; runs nothing")
+
+
+def run(args: argparse.Namespace) -> int:
+    from primal_attention.bench import report
+
+    preset = args.preset or ("quick" if args.quick else "full")
+    if args.from_json:
+        result = report.load(Path(args.from_json))
+        out = Path(args.out) if args.out else Path(args.from_json).parent
+    else:
+        from primal_attention.bench.harness import run_grid
+
+        config = with_overrides(
+            PRESETS[preset],
+            levels=args.levels, seq_lens=args.seq_lens, batch=args.batch, dtypes=args.dtypes, modes=args.modes,
+            methods=args.methods, compile_methods=args.compile_methods, repeats=args.repeats, warmup=args.warmup,
+            time_budget_s=args.time_budget_s, memory_budget_gb=args.memory_budget_gb,
+            max_total_s=None if args.max_minutes is None else args.max_minutes * 60, device=args.device,
+            threads=args.threads, measure_memory=False if args.no_memory else None,
+        )
+        out = Path(args.out) if args.out else Path("bench_results") / f"{preset}-{time.strftime('%Y%m%d-%H%M%S')}"
+        result = run_grid(config)
+    paths = report.write_outputs(result, out)
+    if args.doc:
+        from primal_attention.bench.doc import write_doc
+
+        gpu = report.load(Path(args.gpu_json)) if args.gpu_json else None
+        paths["doc"] = write_doc(result, Path(args.doc), json_path=paths["json"], plots_dir=out, gpu=gpu)
+    analysis = json.loads(paths["json"].read_text())["analysis"]
+    for t in analysis["targets"]:
+        met = "–" if t["met"] is None else ("met" if t["met"] else "NOT met")
+        val = "–" if t["value"] is None else f"{t['value']:.2f}"
+        print(f"target {t['target']}: {val} (goal {t['goal']}) {met}")
+    for kind, path in paths.items():
+        print(f"{kind}: {path}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="primal bench", description="efficiency benchmark grid")
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
