@@ -55,7 +55,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-memory", action="store_true", help="skip the isolated peak-memory measurement")
     p.add_argument("--doc", help="also write the efficiency page here (e.g. docs/results/efficiency.md)")
     p.add_argument("--gpu-json", help="a GPU run's results.json to fill the page's GPU section")
-    p.add_argument("--from-json", help="re-render tables, plots (and --doc) from an existing results.json; runs nothing")
+    p.add_argument("--from-json", help="re-render tables, plots (and --doc) from existing results.json files (comma-separated runs of "
+                   "disjoint grids are merged); runs nothing")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -63,8 +64,13 @@ def run(args: argparse.Namespace) -> int:
 
     preset = args.preset or ("quick" if args.quick else "full")
     if args.from_json:
-        result = report.load(Path(args.from_json))
-        out = Path(args.out) if args.out else Path(args.from_json).parent
+        sources = [Path(v) for v in args.from_json.split(",") if v.strip()]
+        missing = [str(v) for v in sources if not v.is_file()]
+        if missing:
+            print(f"primal bench: --from-json: no such file: {', '.join(missing)}", file=sys.stderr)
+            return 2
+        result = report.merge([report.load(v) for v in sources])
+        out = Path(args.out) if args.out else sources[0].parent
     else:
         from primal_attention.bench.harness import run_grid
 

@@ -118,6 +118,11 @@ def run_grid(
         torch.set_num_threads(config.threads)
     if config.device.startswith("cuda") and not torch.cuda.is_available():
         raise RuntimeError("primal bench: --device cuda asked for, but torch.cuda.is_available() is False")
+    retained = False
+    if config.retain_freed_memory and not config.device.startswith("cuda"):
+        from primal_attention.allocator import retain_freed_memory
+
+        retained = retain_freed_memory()
     memory_budget = (
         config.memory_budget_gb * 1e9 if config.memory_budget_gb is not None else 0.5 * _available_memory_bytes()
     )
@@ -127,6 +132,7 @@ def run_grid(
         "memory_budget_bytes": memory_budget,
         "started": time.strftime("%Y-%m-%d %H:%M:%S"),
         "command": " ".join(sys.argv),
+        "retain_freed_memory": retained,
     }
     log(f"primal bench: {config.device}, {torch.get_num_threads()} threads, torch {torch.__version__}")
     limits = measure_limits(config.device)
@@ -188,8 +194,20 @@ def _run_curve_set(
             m_fc = _forecast(mems[m], seq_len)
             if t_fc is not None and t_fc > config.time_budget_s:
                 stopped[m] = "over_time_budget"
-                records.append(_record(case, "over_time_budget", forecast_s=t_fc,
-                                       note=f"forecast {t_fc:.1f} s per call > budget {config.time_budget_s:.0f} s"))
+                note = f"forecast {t_fc:.1f} s per call > budget {config.time_budget_s:.0f} s"
+                memory = None
+                if (config.measure_memory and seq_len in config.memory_only_lengths
+                        and (m_fc is None or m_fc <= memory_budget)):
+                    memory = _measure_memory(case, server, config, count_ops=False,
+                                             timeout_s=config.memory_only_timeout_s)
+                    if "error" in memory:
+                        note += f"; memory-only call failed: {memory['error']}"
+                        memory = None
+                    else:
+                        note += "; peak memory measured with one isolated call"
+                        log(f"  {level} {dtype} {mode} N {seq_len} {case.method}: memory only "
+                            f"{memory['memory_bytes'] / 2**20:.1f} MiB")
+                records.append(_record(case, "over_time_budget", memory=memory, forecast_s=t_fc, note=note))
                 continue
             if m_fc is not None and m_fc > memory_budget:
                 stopped[m] = "over_memory_budget"
@@ -203,7 +221,8 @@ def _run_curve_set(
         for case in pending:
             info: dict[str, Any] = {}
             if config.measure_memory:
-                info = _measure_memory(case, server, config)
+                count = config.count_ops_lengths is None or seq_len in config.count_ops_lengths
+                info = _measure_memory(case, server, config, count_ops=count)
                 if "error" in info:
                     status = "over_time_budget" if info.get("timeout") else (
                         "over_memory_budget" if info.get("killed") else "error")
@@ -216,7 +235,8 @@ def _run_curve_set(
                     records.append(_record(case, "over_memory_budget", memory=info,
                                            note=f"{info['memory_bytes'] / 1e9:.1f} GB > budget"))
                     continue
-                mems[case.method].append((seq_len, float(max(info["memory_bytes"], 1))))
+                if info["memory_bytes"] >= 2**20:  # below 1 MiB the RSS delta is noise: no basis for a forecast
+                    mems[case.method].append((seq_len, float(info["memory_bytes"])))
             measured[case.method] = info
             survivors.append(case)
 
@@ -225,12 +245,14 @@ def _run_curve_set(
     return records
 
 
-def _measure_memory(case: Case, server: MemoryServer | None, config: GridConfig) -> dict[str, Any]:
+def _measure_memory(case: Case, server: MemoryServer | None, config: GridConfig, *, count_ops: bool = True,
+                    timeout_s: float | None = None) -> dict[str, Any]:
     budget = max(config.time_budget_s * 6, 60.0) if case.mode == "compile" else max(config.time_budget_s * 4, 30.0)
+    budget = timeout_s if timeout_s is not None else budget
     if server is not None:
-        return server.measure(case.as_dict(), count_ops=True, timeout_s=budget)
+        return server.measure(case.as_dict(), count_ops=count_ops, timeout_s=budget)
     try:  # CUDA: in this process
-        return measure_case(case.as_dict(), count_ops=case.mode == "eager")
+        return measure_case(case.as_dict(), count_ops=count_ops and case.mode == "eager")
     except torch.cuda.OutOfMemoryError as err:
         torch.cuda.empty_cache()
         return {"error": f"CUDA out of memory: {str(err).splitlines()[0]}", "killed": True}

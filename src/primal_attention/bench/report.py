@@ -230,6 +230,8 @@ def markdown(result: dict[str, Any], analysis: dict[str, Any], *, plots: dict[st
         f"q25–q75 in the JSON); time budget {meta['config']['time_budget_s']} s per call; memory budget "
         f"{meta['memory_budget_bytes'] / 1e9:.1f} GB",
         f"- memory: {next((r['memory_method'] for r in result['records'] if r.get('memory_method')), 'not measured')}",
+        "- timing process: freed CPU memory kept mapped for reuse (`primal_attention.allocator`), every method alike"
+        if meta.get("retain_freed_memory") else "- timing process: glibc's default allocator policy",
         "",
         f"{h} Machine limits (measured in the same run)",
         "",
@@ -392,3 +394,29 @@ def load(path: Path) -> dict[str, Any]:
     data = json.loads(Path(path).read_text())
     data.pop("analysis", None)
     return data
+
+
+def merge(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """One result from runs of disjoint grids (e.g. one run per level) on the same machine.
+
+    Records are concatenated; a configuration that one run skipped at its grid time limit is taken
+    from the run that measured it, and one measured in two runs is an error (the ratios would mix
+    rounds). Meta and limits are the first run's, with every run's command and wall time kept.
+    """
+    if not results:
+        raise ValueError("merge: no results given")
+    chosen: dict[tuple, Record] = {}
+    for result in results:
+        for r in result["records"]:
+            key = (r["level"], r["dtype"], r["mode"], r["method"], r["seq_len"])
+            old = chosen.get(key)
+            if old is not None and old["status"] == "ok" and r["status"] == "ok":
+                raise ValueError(f"merge: {key} is measured in more than one run")
+            if old is None or old["status"] == "grid_time_limit":  # a later run measured what an earlier skipped
+                chosen[key] = r
+    records = list(chosen.values())
+    meta = dict(results[0]["meta"])
+    if len(results) > 1:
+        meta["command"] = "` ; `".join(r["meta"]["command"] for r in results)
+        meta["wall_s"] = sum(r["meta"]["wall_s"] for r in results)
+    return {**results[0], "meta": meta, "records": records}

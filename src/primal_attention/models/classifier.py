@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from primal_attention.models.transformer import TransformerStack
+from primal_attention.models.dropout import Dropout
 
 POSITIONAL = ("learned", "sinusoidal", "none")
 POOLING = ("mean", "cls", "flatten")
@@ -100,7 +101,7 @@ class SequenceClassifier(nn.Module):
         else:
             self.pos = None
         self.cls = nn.Parameter(torch.zeros(1, 1, c.dim)) if c.pooling == "cls" else None
-        self.drop = nn.Dropout(c.dropout)
+        self.drop = Dropout(c.dropout)
         self.encoder = TransformerStack(
             c.attention,
             c.dim,

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from primal_attention.models.transformer import TransformerStack
+from primal_attention.models.dropout import Dropout
 
 
 @dataclass
@@ -40,7 +41,7 @@ class CausalLM(nn.Module):
         self.embed = nn.Embedding(c.vocab_size, c.dim)
         self.pos = nn.Parameter(torch.zeros(c.max_seq_len, c.dim))
         nn.init.normal_(self.pos, std=0.02)
-        self.drop = nn.Dropout(c.dropout)
+        self.drop = Dropout(c.dropout)
         self.decoder = TransformerStack(
             c.attention,
             c.dim,

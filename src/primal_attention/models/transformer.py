@@ -13,6 +13,7 @@ from typing import Any
 from torch import Tensor, nn
 
 from primal_attention.attention import build_attention
+from primal_attention.models.dropout import Dropout
 
 ACTIVATIONS = {"gelu": nn.GELU, "relu": nn.ReLU}
 
@@ -44,9 +45,9 @@ class TransformerBlock(nn.Module):
         self.norm1 = nn.LayerNorm(dim)
         self.norm2 = nn.LayerNorm(dim)
         self.ffn = nn.Sequential(
-            nn.Linear(dim, ffn_dim), ACTIVATIONS[activation](), nn.Dropout(dropout), nn.Linear(ffn_dim, dim)
+            nn.Linear(dim, ffn_dim), ACTIVATIONS[activation](), Dropout(dropout), nn.Linear(ffn_dim, dim)
         )
-        self.drop = nn.Dropout(dropout)
+        self.drop = Dropout(dropout)
 
     def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
         if self.norm_first:

@@ -101,6 +101,8 @@ class TrainConfig:
     seed: int = 0
     device: str = "auto"
     threads: int | None = None
+    #: CPU: keep freed memory mapped for reuse (primal_attention.allocator; no page faults per step)
+    retain_freed_memory: bool = True
     progress: bool = True
 
 

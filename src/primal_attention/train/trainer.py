@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from primal_attention.allocator import retain_freed_memory
 from primal_attention.data.base import SequenceData
 from primal_attention.ksvd import ksvd_loss, ksvd_objectives
 from primal_attention.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint, state_tensors
@@ -121,6 +122,8 @@ class Trainer:
         cfg, t = self.cfg, self.cfg.train
         if t.threads:
             torch.set_num_threads(t.threads)
+        if t.retain_freed_memory and self.device.type == "cpu":
+            retain_freed_memory()
         if self.world > 1 and not torch.distributed.is_initialized():
             torch.distributed.init_process_group("nccl" if self.device.type == "cuda" else "gloo")
         torch.manual_seed(t.seed)

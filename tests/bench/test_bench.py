@@ -1,0 +1,136 @@
+"""primal bench: the analysis maths, a tiny real grid, budgets, outputs and the CLI."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from primal_attention.bench import QUICK, GridConfig
+from primal_attention.bench.harness import run_grid
+from primal_attention.bench.methods import METHODS, availability
+from primal_attention.bench.report import crossover, growth_exponent, write_outputs
+from primal_attention.bench.workloads import Case, build
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_crossover_interpolates_on_the_log_log_line() -> None:
+    base = {256: 1.0, 512: 4.0, 1024: 16.0}  # quadratic
+    method = {256: 2.0, 512: 8.0, 1024: 8.0}  # loses at 256 and 512, wins at 1024
+    c = crossover(method, base, None)
+    assert c["kind"] == "interpolated" and 512 < c["n"] < 1024
+    # ratio 0.5 at 512 and 2 at 1024: the log-ratio crosses zero half-way, at sqrt(512 * 1024)
+    assert c["n"] == pytest.approx(math.sqrt(512 * 1024))
+
+
+def test_crossover_edge_cases() -> None:
+    assert crossover({256: 1.0, 512: 1.0}, {256: 2.0, 512: 3.0}, None)["kind"] == "at or below the smallest length"
+    assert crossover({256: 3.0, 512: 3.0}, {256: 2.0, 512: 2.0}, None)["n"] is None
+    # the baseline stopped at 512 (over budget) while the method ran on: the method wins there
+    c = crossover({256: 3.0, 512: 3.0}, {256: 2.0}, 512)
+    assert c["n"] == 512 and c["kind"] == "at the first length where it wins"
+    assert crossover({256: 1.0}, {512: 1.0}, None)["kind"] == "no common lengths"
+
+
+def test_growth_exponent() -> None:
+    assert growth_exponent({1024: 1.0, 2048: 2.0, 4096: 4.0, 8192: 8.0}) == pytest.approx(1.0)
+    assert growth_exponent({2048: 1.0, 4096: 4.0}) == pytest.approx(2.0)
+    assert growth_exponent({2048: 1.0}) is None
+
+
+@pytest.mark.parametrize("level", ["layer", "train", "infer"])
+def test_every_method_runs_every_level(level: str) -> None:
+    for name in METHODS:
+        assert availability(name) is None, name
+        build(Case(level, name, 32, 2, dim=16, heads=2))()
+
+
+def test_bf16_and_unknown_case() -> None:
+    build(Case("train", "primal", 32, 2, dtype="bf16", dim=16, heads=2))()
+    with pytest.raises(ValueError, match="unknown level"):
+        build(Case("nope", "primal", 32, 2))
+    assert "unknown method" in availability("flash9")
+
+
+def test_tiny_grid_records_outputs_and_budgets(tmp_path: Path) -> None:
+    config = GridConfig(levels=("layer", "train"), seq_lens=(32, 64, 128), batch=2, dtypes=("fp32",),
+                        modes=("eager",), methods=("primal", "softmax", "softmax_materialized"), repeats=2,
+                        measure_memory=True, count_ops_lengths=(64,), memory_only_lengths=())
+    result = run_grid(config, log=lambda _: None)
+    records = result["records"]
+    assert {(r["level"], r["method"], r["seq_len"]) for r in records} == {
+        (lvl, m, n) for lvl in config.levels for m in config.methods for n in config.seq_lens}
+    for r in records:
+        assert r["status"] == "ok", r
+        assert r["time"]["median"] > 0 and r["time"]["q25"] <= r["time"]["median"] <= r["time"]["q75"]
+        assert r["memory_bytes"] >= 0
+        assert ("flops" in r) == (r["seq_len"] == 64)
+    paths = write_outputs(result, tmp_path)
+    data = json.loads(paths["json"].read_text())
+    assert {t["target"] for t in data["analysis"]["targets"]} >= {"crossover vs SDPA (time)"}
+    assert "| primal |" in paths["markdown"].read_text()
+    for key in ("time_train_fp32_eager", "memory_train_fp32_eager", "time_layer_fp32_eager"):
+        assert paths[key].stat().st_size > 1000 and paths[key].read_bytes()[:4] == b"\x89PNG"
+
+
+def test_time_budget_stops_a_method_and_marks_it() -> None:
+    config = GridConfig(levels=("layer",), seq_lens=(32, 64, 128), batch=2, dtypes=("fp32",), modes=("eager",),
+                        methods=("softmax_materialized",), repeats=1, time_budget_s=1e-9, measure_memory=False)
+    records = run_grid(config, log=lambda _: None)["records"]
+    statuses = [r["status"] for r in records]
+    assert statuses[0] == "over_time_budget" and len(records) == 1 and "budget" in records[0]["note"]
+
+
+def test_quick_preset_is_the_target_grid() -> None:
+    assert QUICK.levels == ("train",) and 4096 in QUICK.seq_lens and 256 in QUICK.seq_lens
+    assert {"primal", "primal_reference", "softmax", "softmax_materialized"} <= set(QUICK.methods)
+    assert QUICK.max_total_s is not None and QUICK.max_total_s < 180
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    return subprocess.run([sys.executable, "-m", "primal_attention.cli", "bench", *args], capture_output=True,
+                          text=True, env=env, cwd=ROOT, timeout=300)
+
+
+def test_cli_runs_a_grid_and_rerenders_from_json(tmp_path: Path) -> None:
+    out = tmp_path / "b"
+    proc = _cli("--levels", "train", "--seq-lens", "16,32", "--batch", "2", "--methods", "primal,softmax",
+                "--repeats", "1", "--no-memory", "--dtypes", "fp32", "--modes", "eager", "--out", str(out),
+                "--doc", str(tmp_path / "eff.md"))
+    assert proc.returncode == 0, proc.stderr
+    assert "target crossover vs SDPA (time)" in proc.stdout
+    assert (out / "results.json").exists() and (out / "time_train_fp32_eager.png").exists()
+    doc = (tmp_path / "eff.md").read_text()
+    assert "## CPU" in doc and "GPU" in doc
+    proc = _cli("--from-json", str(out / "results.json"), "--out", str(tmp_path / "again"))
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "again" / "results.md").read_text() == (out / "results.md").read_text()
+
+
+def test_cli_bad_arguments() -> None:
+    proc = _cli("--seq-lens", "0,12")
+    assert proc.returncode == 2 and "positive integers" in proc.stderr
+    proc = _cli("--methods", "primal,flash9")
+    assert proc.returncode == 2 and "flash9" in proc.stderr
+
+
+def test_merge_fills_skipped_cases_and_rejects_double_measurements() -> None:
+    from primal_attention.bench.report import merge
+
+    def rec(level: str, n: int, status: str) -> dict:
+        return {"level": level, "dtype": "fp32", "mode": "eager", "method": "primal", "seq_len": n, "status": status}
+
+    a = {"meta": {"command": "a", "wall_s": 1.0}, "limits": {}, "records": [rec("train", 256, "ok"),
+                                                                            rec("layer", 256, "grid_time_limit")]}
+    b = {"meta": {"command": "b", "wall_s": 2.0}, "limits": {}, "records": [rec("layer", 256, "ok")]}
+    m = merge([a, b])
+    assert [r["status"] for r in m["records"]] == ["ok", "ok"] and m["meta"]["wall_s"] == 3.0
+    with pytest.raises(ValueError, match="more than one run"):
+        merge([a, a])
