@@ -8,7 +8,7 @@ Definitions (used in the tables):
 * crossover length (time or memory) against SDPA = the N from which the method is faster (lighter)
   at every measured length above, interpolated on the log-log line between the last grid length
   where it is not and the first where it is. A length where SDPA stopped (over a budget) and the
-  method did not counts as the method winning. "≤ N₀" means it wins from the smallest length.
+  method did not counts as the method winning (for memory, only when SDPA stopped at the memory budget). "≤ N₀" means it wins from the smallest length.
 * growth exponent = least-squares slope of log(time) against log(N) over N ≥ 2048.
 """
 
@@ -99,8 +99,10 @@ def analyse(result: dict[str, Any]) -> dict[str, Any]:
             e: dict[str, Any] = {"exponent": growth_exponent(c["time"])}
             if base is not None and name != BASELINE:
                 stop = base["stopped"][0] if base["stopped"] else None
+                # a baseline stopped by the time budget says nothing about its memory there
+                memory_stop = stop if base["stopped"] and base["stopped"][1] == "over_memory_budget" else None
                 e["time_crossover"] = crossover(c["time"], base["time"], stop)
-                e["memory_crossover"] = crossover(c["memory"], base["memory"], stop)
+                e["memory_crossover"] = crossover(c["memory"], base["memory"], memory_stop)
             entry[name] = e
         per_group[f"{level}/{dtype}/{mode}"] = entry
     return {"groups": per_group, "targets": targets(groups), "limits": distance_to_limit(result, groups)}
