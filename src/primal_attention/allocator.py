@@ -10,8 +10,9 @@ per step at N 16 384, and the step 1.5–1.6× slower at N 4 096–16 384 than w
 :func:`retain_freed_memory` switches glibc to serve large blocks from the heap (``M_MMAP_MAX = 0``) and
 not to give freed heap memory back (``M_TRIM_THRESHOLD`` = 2 GiB - 1), the policy of a caching allocator
 (PyTorch's CUDA allocator does the same). The cost: the process keeps its peak resident size
-(it is not returned to the system between steps). It is process-wide and cannot be undone except by
-calling it again with ``enable=False`` (which restores glibc's defaults for new allocations).
+(it is not returned to the system between steps). It is process-wide; ``enable=False`` sets glibc's
+default *values* back (mmap for blocks above the threshold, trim above 128 KiB), but glibc's dynamic
+mmap-threshold adjustment stays off, and ``MALLOC_*_`` environment settings are overridden either way.
 """
 
 from __future__ import annotations

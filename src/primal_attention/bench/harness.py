@@ -34,7 +34,7 @@ from primal_attention.bench.grid import GridConfig
 from primal_attention.bench.limits import measure_limits
 from primal_attention.bench.memory import MemoryServer, measure_case
 from primal_attention.bench.methods import METHODS, availability
-from primal_attention.bench.timing import Timing, _sync
+from primal_attention.bench.timing import Timing, sync
 from primal_attention.bench.workloads import Case, build
 
 Record = dict[str, Any]
@@ -101,10 +101,7 @@ def machine_info(device: str) -> dict[str, Any]:
 
 
 def _timing_dict(times: list[float]) -> dict[str, float]:
-    import statistics
-
-    qs = statistics.quantiles(times, n=4) if len(times) > 1 else [times[0]] * 3
-    return Timing(statistics.median(times), qs[0], qs[2], min(times), len(times)).as_dict()
+    return Timing.from_samples(times).as_dict()
 
 
 def run_grid(
@@ -281,7 +278,7 @@ def _time_side_by_side(
             t0 = time.perf_counter()
             for _ in range(max(config.warmup, 1)):
                 step()
-            _sync(case.device)
+            sync(case.device)
             first[case.method] = time.perf_counter() - t0
         except Exception as err:  # noqa: BLE001 - the grid goes on; the case is marked
             stopped[case.method] = "error"
@@ -306,7 +303,7 @@ def _time_side_by_side(
         for m in rot:
             t0 = time.perf_counter()
             steps[m]()
-            _sync(config.device)
+            sync(config.device)
             samples[m].append(time.perf_counter() - t0)
     for case in cases:
         m = case.method

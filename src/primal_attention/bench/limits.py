@@ -11,25 +11,15 @@ numbers taken under the same load:
 
 from __future__ import annotations
 
-import statistics
-import time
 from collections.abc import Callable
 
 import torch
 
+from primal_attention.bench.timing import time_callable
+
 
 def _median_time(fn: Callable[[], object], repeats: int, device: torch.device) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        t0 = time.perf_counter()
-        fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return time_callable(fn, warmup=1, repeats=repeats, device=device).median
 
 
 def measure_limits(device: str = "cpu", *, repeats: int = 7, buffer_mib: int = 256) -> dict[str, float]:

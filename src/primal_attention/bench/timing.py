@@ -23,8 +23,15 @@ class Timing:
     def as_dict(self) -> dict[str, float]:
         return asdict(self)
 
+    @classmethod
+    def from_samples(cls, times: list[float]) -> Timing:
+        """Median, quartiles and minimum of ``times`` (seconds, at least one)."""
+        qs = statistics.quantiles(times, n=4) if len(times) > 1 else [times[0]] * 3
+        return cls(statistics.median(times), qs[0], qs[2], min(times), len(times))
 
-def _sync(device: torch.device | str | None) -> None:
+
+def sync(device: torch.device | str | None) -> None:
+    """Wait for the device's queued work (CUDA); a no-op on CPU."""
     if device is not None and torch.device(device).type == "cuda":
         torch.cuda.synchronize(device)
 
@@ -40,15 +47,14 @@ def time_callable(
     """Time ``fn()``; stops early (at least 1 repeat) once ``budget_s`` seconds have been spent."""
     for _ in range(warmup):
         fn()
-    _sync(device)
+    sync(device)
     times: list[float] = []
     start = time.perf_counter()
     for _ in range(repeats):
         t0 = time.perf_counter()
         fn()
-        _sync(device)
+        sync(device)
         times.append(time.perf_counter() - t0)
         if budget_s is not None and time.perf_counter() - start > budget_s:
             break
-    qs = statistics.quantiles(times, n=4) if len(times) > 1 else [times[0]] * 3
-    return Timing(statistics.median(times), qs[0], qs[2], min(times), len(times))
+    return Timing.from_samples(times)

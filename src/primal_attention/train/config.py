@@ -101,7 +101,8 @@ class TrainConfig:
     seed: int = 0
     device: str = "auto"
     threads: int | None = None
-    #: CPU: keep freed memory mapped for reuse (primal_attention.allocator; no page faults per step)
+    #: CPU: keep freed memory mapped for reuse (primal_attention.allocator; no page faults per step).
+    #: Process-wide and left on after training: the process keeps its peak resident memory.
     retain_freed_memory: bool = True
     progress: bool = True
 
