@@ -56,8 +56,8 @@ EXPERIMENTS: dict[str, dict[str, Any]] = {
     },
     "image": {
         "title": "LRA Image stand-in: Fashion-MNIST, 32×32 grey levels = 1024 tokens (real data)",
-        "schedule": "1500 steps of batch 16 (10000 train examples, 2.4 epochs), AdamW lr 5e-4, linear one-cycle, "
-                    "warmup 150 (the authors: CIFAR-10, far longer); the last checkpoint is analysed on 100 test images",
+        "schedule": "800 steps of batch 16 (10000 train examples, 1.3 epochs), AdamW lr 5e-4, linear one-cycle, "
+                    "warmup 100 (the authors: CIFAR-10, far longer); the last checkpoint is analysed on 100 test images",
         "model": "2 pre-norm layers, D 64, H 2 (d_h 32), MLP 128, mean pooling; primal s 20, m 10 (n 200)",
         "seeds": [0],
         "max_examples": 100,
