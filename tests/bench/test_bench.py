@@ -134,3 +134,22 @@ def test_merge_fills_skipped_cases_and_rejects_double_measurements() -> None:
     assert [r["status"] for r in m["records"]] == ["ok", "ok"] and m["meta"]["wall_s"] == 3.0
     with pytest.raises(ValueError, match="more than one run"):
         merge([a, a])
+
+
+def test_a_baseline_stopped_by_time_is_a_time_win_but_not_a_memory_win() -> None:
+    from primal_attention.bench.report import analyse
+
+    def rec(method: str, n: int, status: str, t: float | None, mem: float | None) -> dict:
+        r = {"level": "train", "dtype": "fp32", "mode": "eager", "method": method, "seq_len": n, "status": status}
+        if t is not None:
+            r["time"] = {"median": t}
+        if mem is not None:
+            r["memory_bytes"] = mem
+        return r
+
+    result = {"meta": {"config": {"batch": 8}}, "limits": {"matmul_peak_gflops": 1.0, "bandwidth_peak_gbs": 1.0},
+              "records": [rec("softmax", 256, "ok", 1.0, 10.0), rec("softmax", 512, "over_time_budget", None, None),
+                          rec("primal", 256, "ok", 2.0, 20.0), rec("primal", 512, "ok", 4.0, 40.0)]}
+    entry = analyse(result)["groups"]["train/fp32/eager"]["primal"]
+    assert entry["time_crossover"]["n"] == 512
+    assert entry["memory_crossover"]["n"] is None
