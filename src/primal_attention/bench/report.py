@@ -208,6 +208,24 @@ _STATUS = {"over_time_budget": "time budget", "over_memory_budget": "memory budg
            "unavailable": "unavailable", "error": "error"}
 
 
+def _cells(c: dict[str, Any], base: dict[str, Any], kind: str, ns: list[int], with_ratio: bool,
+           with_base: Any, alone: Any) -> list[str]:
+    """One table row's cells: the value at each N (with its ratio to the baseline), or why it is missing."""
+    cells = []
+    for n in ns:
+        v = c[kind].get(n)
+        b = base[kind].get(n)
+        if v is None:
+            cells.append(_stopped_cell(c, n) or "–")
+        else:
+            cells.append(with_base(v, b) if b and with_ratio else alone(v))
+    return cells
+
+
+def _crossover_cell(x: dict[str, Any] | None) -> str:
+    return "–" if not x else (f"{x['n']:.0f} ({x['kind']})" if x.get("n") else x["kind"])
+
+
 def _stopped_cell(c: dict[str, Any], n: int) -> str | None:
     if c["stopped"] and n >= c["stopped"][0]:
         return "(" + _STATUS.get(c["stopped"][1], c["stopped"][1]) + ")"
@@ -283,17 +301,9 @@ def markdown(result: dict[str, Any], analysis: dict[str, Any], *, plots: dict[st
                   "| method | " + " | ".join(str(n) for n in ns) + " | exponent (N ≥ 2048) | crossover vs SDPA |",
                   "|---|" + "---|" * (len(ns) + 2)]
         for name, c in methods.items():
-            cells = []
-            for n in ns:
-                t = c["time"].get(n)
-                if t is None:
-                    cells.append(_stopped_cell(c, n) or "–")
-                    continue
-                b = base["time"].get(n)
-                cells.append(_ms(t) + (f" ({b / t:.1f}×)" if b and name != BASELINE else ""))
+            cells = _cells(c, base, "time", ns, name != BASELINE, lambda t, b: _ms(t) + f" ({b / t:.1f}×)", _ms)
             a = analysis["groups"].get(gkey, {}).get(name, {})
-            x = a.get("time_crossover")
-            xs = "–" if not x else (f"{x['n']:.0f} ({x['kind']})" if x.get("n") else x["kind"])
+            xs = _crossover_cell(a.get("time_crossover"))
             label = METHODS[name].label if name in METHODS else name
             if c["stopped"] and c["stopped"][1] == "unavailable":
                 lines.append(f"| {label} | " + " | ".join("–" for _ in ns) + f" | – | unavailable: {c['note']} |")
@@ -306,17 +316,9 @@ def markdown(result: dict[str, Any], analysis: dict[str, Any], *, plots: dict[st
             for name, c in methods.items():
                 if c["stopped"] and c["stopped"][1] == "unavailable":
                     continue
-                cells = []
-                for n in ns:
-                    v = c["memory"].get(n)
-                    if v is None:
-                        cells.append(_stopped_cell(c, n) or "–")
-                        continue
-                    b = base["memory"].get(n)
-                    cells.append(_mib(v) + (f" ({v / b:.2f})" if b and name != BASELINE else ""))
+                cells = _cells(c, base, "memory", ns, name != BASELINE, lambda v, b: _mib(v) + f" ({v / b:.2f})", _mib)
                 a = analysis["groups"].get(gkey, {}).get(name, {})
-                x = a.get("memory_crossover")
-                xs = "–" if not x else (f"{x['n']:.0f} ({x['kind']})" if x.get("n") else x["kind"])
+                xs = _crossover_cell(a.get("memory_crossover"))
                 lines.append(f"| {METHODS[name].label if name in METHODS else name} | " + " | ".join(cells) + f" | {xs} |")
         notes = [f"{METHODS[n].label}: {c['note']}" for n, c in methods.items() if c["note"] and c["stopped"][1] != "unavailable"]
         if notes:
