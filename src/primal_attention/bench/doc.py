@@ -34,6 +34,9 @@ What is measured (`primal_attention.bench`):
   rounds after a warm-up (median over the rounds; quartiles in the JSON), so each ratio compares calls made
   under the same load. Methods stop gracefully at the time or memory budget (forecast from the previous
   lengths on the log-log line, or measured) and are marked.
+- **reading the ratios**: in the `train` and `infer` rows every method shares the same non-attention
+  work (embedding, FFN, LayerNorm, dropout, pooling head, AdamW), which bounds a model-level speed-up
+  however fast the attention is; the `layer` rows compare the attentions alone.
 - **memory**: {memory_method}.
 - **FLOPs / bytes**: counted per ATen operator over one call (matmuls and attention kernels; bytes =
   inputs + outputs of each non-view operator). Limits: a square GEMM and a 256 MiB copy, measured in the
