@@ -46,7 +46,7 @@ def write_table(datasets: list[str]) -> None:
         "Regenerate: `.venv/bin/python scripts/results_uea.py` (resumable; `--table-only` rewrites this file",
         "from the stored runs in `docs/results/uea_runs/`). Settings: the authors' (DESIGN.md §5) —",
         "D 512, H 8, FFN 2048, 2 post-norm layers, dropout 0.1, learnable positional encoding, flatten head,",
-        "RAdam (Adam for FSDD, the authors' SpokenArabicDigits setting) lr 1e-3, batch 16, grad-norm clip 4, per-dataset s / η / m from the authors' scripts.",
+        "RAdam (Adam for PrimalFormer on FSDD, the authors' SpokenArabicDigits setting) lr 1e-3, batch 16, grad-norm clip 4, per-dataset s / η / m from the authors' scripts.",
         "Wall time: CPU, one thread per run (each stored run's command says `train.threads`), usually with",
         "another run beside it on the 2-core machine, so compare times only loosely.",
         "",
