@@ -66,6 +66,7 @@ def _seeds(text: str) -> list[int]:
 
 def _train(args: argparse.Namespace) -> int:
     from primal_attention.data.base import DataError
+    from primal_attention.train.checkpoint import CheckpointError
     from primal_attention.train.config import ConfigError, load_config
     from primal_attention.train.trainer import run_seeds
 
@@ -73,7 +74,7 @@ def _train(args: argparse.Namespace) -> int:
         cfg = load_config(args.config, args.set)
         out = Path(args.out) if args.out else Path("runs") / cfg.name
         summary = run_seeds(cfg, out, args.seeds or [cfg.train.seed], resume=args.resume)
-    except (ConfigError, DataError) as err:
+    except (CheckpointError, ConfigError, DataError) as err:
         print(f"primal train: error: {err}", file=sys.stderr)
         return 2
     if int(__import__("os").environ.get("RANK", "0")) == 0:
@@ -86,29 +87,23 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _eval(args: argparse.Namespace) -> int:
-    import torch
-    from safetensors.torch import load_file
-
-    from primal_attention.train.checkpoint import latest_checkpoint
-    from primal_attention.train.config import load_config
+    from primal_attention.data.base import DataError
+    from primal_attention.train.checkpoint import CheckpointError, find_run, load_weights
+    from primal_attention.train.config import ConfigError, load_config
     from primal_attention.train.data import build_model, build_splits
     from primal_attention.train.trainer import evaluate, resolve_device
 
-    path = Path(args.checkpoint)
-    run_dir = path if (path / "config.yaml").is_file() else path.parent.parent
-    if not (run_dir / "config.yaml").is_file():
-        print(f"primal eval: error: no config.yaml in {path} or {run_dir}", file=sys.stderr)
+    try:
+        run_dir, ckpt = find_run(Path(args.checkpoint))
+        cfg = load_config(run_dir / "config.yaml")
+        splits = build_splits(cfg)
+        device = resolve_device(cfg.train.device)
+        model = build_model(cfg, splits.train).to(device)
+        which = "best" if (ckpt / "best.safetensors").is_file() and not args.last else "model"
+        load_weights(model, ckpt / f"{which}.safetensors")
+    except (CheckpointError, ConfigError, DataError) as err:
+        print(f"primal eval: error: {err}", file=sys.stderr)
         return 2
-    ckpt = path if (path / "model.safetensors").is_file() else latest_checkpoint(run_dir / "checkpoints")
-    if ckpt is None:
-        print(f"primal eval: error: no checkpoint found under {path}", file=sys.stderr)
-        return 2
-    cfg = load_config(run_dir / "config.yaml")
-    splits = build_splits(cfg)
-    device = resolve_device(cfg.train.device)
-    model = build_model(cfg, splits.train).to(device)
-    which = "best" if (ckpt / "best.safetensors").is_file() and not args.last else "model"
-    model.load_state_dict(load_file(str(ckpt / f"{which}.safetensors")))
     result = {"checkpoint": str(ckpt), "weights": which}
     for name, data in (("val", splits.val), ("test", splits.test)):
         if data is not None:

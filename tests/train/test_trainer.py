@@ -145,3 +145,16 @@ def test_ddp_two_processes_equal_one(tmp_path) -> None:
     wb = load_file(str(next((tmp_path / "two" / "seed_0" / "checkpoints").glob("ckpt-*")) / "model.safetensors"))
     for k in wa:
         torch.testing.assert_close(wa[k], wb[k], rtol=1e-4, atol=1e-5, msg=k)
+
+
+def test_corrupt_checkpoint_gives_a_clear_error(tmp_path) -> None:
+    proc = cli("train", str(CONFIG), "--out", str(tmp_path), *sets("train.epochs=1"))
+    assert proc.returncode == 0, proc.stderr
+    ckpt = tmp_path / "seed_0" / "checkpoints" / (tmp_path / "seed_0" / "checkpoints" / "latest").read_text().strip()
+    weights = ckpt / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+    ev = cli("eval", str(tmp_path / "seed_0"), "--last")
+    assert ev.returncode == 2 and "not a readable safetensors file" in ev.stderr and "Traceback" not in ev.stderr
+    (tmp_path / "seed_0" / "metrics.json").unlink()  # so --resume continues the run instead of skipping it
+    resumed = cli("train", str(CONFIG), "--out", str(tmp_path), "--resume", *sets("train.epochs=2"))
+    assert resumed.returncode == 2 and "cannot resume" in resumed.stderr and "Traceback" not in resumed.stderr

@@ -442,9 +442,7 @@ def load_target(path: str | Path, *, overrides: list[str] | None = None, last: b
     latest checkpoint), a ``ckpt-*`` directory (its run two levels up), or a YAML config (a model
     initialised with ``train.seed``, no training). ``overrides`` (KEY=VALUE) apply to a config only.
     Holdout runs load their selected best weights unless ``last``."""
-    from safetensors.torch import load_file
-
-    from primal_attention.train.checkpoint import latest_checkpoint
+    from primal_attention.train.checkpoint import CheckpointError, find_run, load_weights
     from primal_attention.train.config import load_config
     from primal_attention.train.data import build_model, build_splits
     from primal_attention.train.trainer import resolve_device
@@ -456,12 +454,10 @@ def load_target(path: str | Path, *, overrides: list[str] | None = None, last: b
     else:
         if overrides:
             raise TargetError("--set applies to a config file, not to a trained run (its config is fixed)")
-        run_dir = path if (path / "config.yaml").is_file() else path.parent.parent
-        if not (run_dir / "config.yaml").is_file():
-            raise TargetError(f"no config.yaml in {path} or {run_dir}, and {path} is not a .yaml config")
-        ckpt = path if (path / "model.safetensors").is_file() else latest_checkpoint(run_dir / "checkpoints")
-        if ckpt is None:
-            raise TargetError(f"no checkpoint found under {path}")
+        try:
+            run_dir, ckpt = find_run(path)
+        except CheckpointError as err:
+            raise TargetError(f"{err}, and {path} is not a .yaml config") from err
         cfg = load_config(run_dir / "config.yaml")
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
@@ -472,7 +468,10 @@ def load_target(path: str | Path, *, overrides: list[str] | None = None, last: b
     if ckpt is None:
         return Target(cfg, splits, model, device, path, "init", None)
     which = "best" if (ckpt / "best.safetensors").is_file() and not last else "model"
-    model.load_state_dict(load_file(str(ckpt / f"{which}.safetensors")))
+    try:
+        load_weights(model, ckpt / f"{which}.safetensors")
+    except CheckpointError as err:
+        raise TargetError(str(err)) from err
     return Target(cfg, splits, model, device, path, which, ckpt)
 
 

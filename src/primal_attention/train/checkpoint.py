@@ -17,6 +17,10 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 
+class CheckpointError(ValueError):
+    """A checkpoint or run directory is missing, unreadable, or does not fit the model."""
+
+
 def _write_text_atomic(path: Path, text: str) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(text)
@@ -65,9 +69,61 @@ def latest_checkpoint(directory: Path) -> Path | None:
     return path if (path / "state.pt").is_file() else None
 
 
+def read_weights(file: Path) -> dict[str, torch.Tensor]:
+    """The tensors of a ``.safetensors`` file; CheckpointError when it is absent or corrupt."""
+    if not file.is_file():
+        raise CheckpointError(f"{file} does not exist")
+    try:
+        return load_file(str(file))
+    except Exception as err:  # safetensors raises its own (Rust) error types
+        raise CheckpointError(f"{file} is not a readable safetensors file ({err})") from err
+
+
+def load_weights(model: nn.Module, file: Path) -> None:
+    """Load the safetensors ``file`` into ``model`` (see :func:`fit_weights`)."""
+    fit_weights(model, read_weights(file), file)
+
+
+def fit_weights(model: nn.Module, weights: dict[str, torch.Tensor], source: Path) -> None:
+    """``model.load_state_dict(weights)``; CheckpointError names missing / unexpected / mis-shaped
+    tensors (a checkpoint of another config) instead of torch's error."""
+    own = model.state_dict()
+    missing = sorted(set(own) - set(weights))
+    unexpected = sorted(set(weights) - set(own))
+    shapes = [f"{k}: file {tuple(weights[k].shape)} vs model {tuple(v.shape)}"
+              for k, v in own.items() if k in weights and weights[k].shape != v.shape]
+    if missing or unexpected or shapes:
+        details = "; ".join(
+            part for part in (
+                f"missing {missing[:5]}{' ...' if len(missing) > 5 else ''}" if missing else "",
+                f"unexpected {unexpected[:5]}{' ...' if len(unexpected) > 5 else ''}" if unexpected else "",
+                f"shape mismatch {shapes[:3]}{' ...' if len(shapes) > 3 else ''}" if shapes else "",
+            ) if part
+        )
+        raise CheckpointError(f"{source} does not fit the model built from the config: {details}")
+    model.load_state_dict(weights)
+
+
 def load_checkpoint(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any], dict[str, torch.Tensor] | None]:
-    """(model weights, loop state, best weights or None) of a checkpoint directory."""
-    weights = load_file(str(path / "model.safetensors"))
-    state = torch.load(path / "state.pt", weights_only=False)
-    best = load_file(str(path / "best.safetensors")) if (path / "best.safetensors").is_file() else None
+    """(model weights, loop state, best weights or None) of a checkpoint directory.
+
+    Raises CheckpointError when a file is missing or corrupt."""
+    weights = read_weights(path / "model.safetensors")
+    try:
+        state = torch.load(path / "state.pt", weights_only=False)
+    except Exception as err:  # pickle / zip errors of a truncated or foreign file
+        raise CheckpointError(f"{path / 'state.pt'} is not a readable checkpoint state ({err})") from err
+    best = read_weights(path / "best.safetensors") if (path / "best.safetensors").is_file() else None
     return weights, state, best
+
+
+def find_run(path: Path) -> tuple[Path, Path]:
+    """(run directory, checkpoint directory) for a run directory (its latest checkpoint) or a
+    ``ckpt-*`` directory (its run two levels up). CheckpointError when neither is found."""
+    run_dir = path if (path / "config.yaml").is_file() else path.parent.parent
+    if not (run_dir / "config.yaml").is_file():
+        raise CheckpointError(f"no config.yaml in {path} or {run_dir}")
+    ckpt = path if (path / "model.safetensors").is_file() else latest_checkpoint(run_dir / "checkpoints")
+    if ckpt is None:
+        raise CheckpointError(f"no checkpoint found under {path}")
+    return run_dir, ckpt

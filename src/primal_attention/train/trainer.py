@@ -29,7 +29,14 @@ from torch import Tensor, nn
 from primal_attention.allocator import retain_freed_memory
 from primal_attention.data.base import SequenceData
 from primal_attention.ksvd import ksvd_loss, ksvd_objectives
-from primal_attention.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint, state_tensors
+from primal_attention.train.checkpoint import (
+    CheckpointError,
+    fit_weights,
+    latest_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+    state_tensors,
+)
 from primal_attention.train.config import ExperimentConfig, dump_config
 from primal_attention.train.data import build_model, build_splits
 
@@ -145,8 +152,11 @@ class Trainer:
         wall_before = 0.0
         found = latest_checkpoint(ckpt_dir) if self.resume else None
         if found is not None:
-            weights, state, best_weights = load_checkpoint(found)
-            model.load_state_dict(weights)
+            try:
+                weights, state, best_weights = load_checkpoint(found)
+            except CheckpointError as err:
+                raise CheckpointError(f"cannot resume: {err}. Delete {ckpt_dir} to start this run afresh") from err
+            fit_weights(model, weights, found / "model.safetensors")
             optimizer.load_state_dict(state["optimizer"])
             scheduler.load_state_dict(state["scheduler"])
             torch.set_rng_state(state["rng"])
