@@ -88,7 +88,7 @@ def _train(args: argparse.Namespace) -> int:
 
 def _eval(args: argparse.Namespace) -> int:
     from primal_attention.data.base import DataError
-    from primal_attention.train.checkpoint import CheckpointError, find_run, load_weights
+    from primal_attention.train.checkpoint import CheckpointError, find_run, load_run_weights
     from primal_attention.train.config import ConfigError, load_config
     from primal_attention.train.data import build_model, build_splits
     from primal_attention.train.trainer import evaluate, resolve_device
@@ -99,8 +99,7 @@ def _eval(args: argparse.Namespace) -> int:
         splits = build_splits(cfg)
         device = resolve_device(cfg.train.device)
         model = build_model(cfg, splits.train).to(device)
-        which = "best" if (ckpt / "best.safetensors").is_file() and not args.last else "model"
-        load_weights(model, ckpt / f"{which}.safetensors")
+        which = load_run_weights(model, ckpt, last=args.last)
     except (CheckpointError, ConfigError, DataError) as err:
         print(f"primal eval: error: {err}", file=sys.stderr)
         return 2

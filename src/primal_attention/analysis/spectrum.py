@@ -442,7 +442,7 @@ def load_target(path: str | Path, *, overrides: list[str] | None = None, last: b
     latest checkpoint), a ``ckpt-*`` directory (its run two levels up), or a YAML config (a model
     initialised with ``train.seed``, no training). ``overrides`` (KEY=VALUE) apply to a config only.
     Holdout runs load their selected best weights unless ``last``."""
-    from primal_attention.train.checkpoint import CheckpointError, find_run, load_weights
+    from primal_attention.train.checkpoint import CheckpointError, find_run, load_run_weights
     from primal_attention.train.config import load_config
     from primal_attention.train.data import build_model, build_splits
     from primal_attention.train.trainer import resolve_device
@@ -467,9 +467,8 @@ def load_target(path: str | Path, *, overrides: list[str] | None = None, last: b
     model = build_model(cfg, splits.train).to(device)
     if ckpt is None:
         return Target(cfg, splits, model, device, path, "init", None)
-    which = "best" if (ckpt / "best.safetensors").is_file() and not last else "model"
     try:
-        load_weights(model, ckpt / f"{which}.safetensors")
+        which = load_run_weights(model, ckpt, last=last)
     except CheckpointError as err:
         raise TargetError(str(err)) from err
     return Target(cfg, splits, model, device, path, which, ckpt)

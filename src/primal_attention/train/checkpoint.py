@@ -84,6 +84,18 @@ def load_weights(model: nn.Module, file: Path) -> None:
     fit_weights(model, read_weights(file), file)
 
 
+def load_run_weights(model: nn.Module, ckpt: Path, *, last: bool = False) -> str:
+    """Load a checkpoint directory's weights into ``model``: the selected best weights (holdout runs
+    keep them) unless ``last``, else the latest. Returns which: ``"best"`` or ``"model"``."""
+    which = "best" if (ckpt / "best.safetensors").is_file() and not last else "model"
+    load_weights(model, ckpt / f"{which}.safetensors")
+    return which
+
+
+def _first(items: list[str], k: int) -> str:
+    return f"{items[:k]}{' ...' if len(items) > k else ''}"
+
+
 def fit_weights(model: nn.Module, weights: dict[str, torch.Tensor], source: Path) -> None:
     """``model.load_state_dict(weights)``; CheckpointError names missing / unexpected / mis-shaped
     tensors (a checkpoint of another config) instead of torch's error."""
@@ -92,15 +104,10 @@ def fit_weights(model: nn.Module, weights: dict[str, torch.Tensor], source: Path
     unexpected = sorted(set(weights) - set(own))
     shapes = [f"{k}: file {tuple(weights[k].shape)} vs model {tuple(v.shape)}"
               for k, v in own.items() if k in weights and weights[k].shape != v.shape]
-    if missing or unexpected or shapes:
-        details = "; ".join(
-            part for part in (
-                f"missing {missing[:5]}{' ...' if len(missing) > 5 else ''}" if missing else "",
-                f"unexpected {unexpected[:5]}{' ...' if len(unexpected) > 5 else ''}" if unexpected else "",
-                f"shape mismatch {shapes[:3]}{' ...' if len(shapes) > 3 else ''}" if shapes else "",
-            ) if part
-        )
-        raise CheckpointError(f"{source} does not fit the model built from the config: {details}")
+    problems = [f"{label} {_first(items, k)}" for label, items, k in
+                (("missing", missing, 5), ("unexpected", unexpected, 5), ("shape mismatch", shapes, 3)) if items]
+    if problems:
+        raise CheckpointError(f"{source} does not fit the model built from the config: {'; '.join(problems)}")
     model.load_state_dict(weights)
 
 

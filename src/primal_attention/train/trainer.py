@@ -154,9 +154,9 @@ class Trainer:
         if found is not None:
             try:
                 weights, state, best_weights = load_checkpoint(found)
+                fit_weights(model, weights, found / "model.safetensors")
             except CheckpointError as err:
                 raise CheckpointError(f"cannot resume: {err}. Delete {ckpt_dir} to start this run afresh") from err
-            fit_weights(model, weights, found / "model.safetensors")
             optimizer.load_state_dict(state["optimizer"])
             scheduler.load_state_dict(state["scheduler"])
             torch.set_rng_state(state["rng"])
