@@ -7,6 +7,6 @@
 Loaders are imported lazily by their modules so that ``import primal_attention.data`` stays cheap.
 """
 
-from primal_attention.data.base import DataError, SequenceData
+from primal_attention.data.base import Batch, DataError, SequenceData
 
-__all__ = ["SequenceData", "DataError"]
+__all__ = ["Batch", "DataError", "SequenceData"]

@@ -17,6 +17,35 @@ class DataError(RuntimeError):
 
 
 @dataclass
+class Batch:
+    """One batch as a model consumes it: ``model(**batch.inputs)``, targets in ``y``.
+
+    x: (B, N) int64 tokens, (B, N, C) float features or (B, C, H, W) float images; mask: (B, N)
+    bool or None; x2, mask2: the second document of a two-tower task, else None; y: (B,) targets.
+    """
+
+    x: torch.Tensor
+    y: torch.Tensor
+    mask: torch.Tensor | None = None
+    x2: torch.Tensor | None = None
+    mask2: torch.Tensor | None = None
+
+    @property
+    def inputs(self) -> dict[str, torch.Tensor]:
+        """The model's keyword arguments: x and whichever of mask, x2, mask2 are present."""
+        names = ("x", "mask", "x2", "mask2")
+        return {k: getattr(self, k) for k in names if getattr(self, k) is not None}
+
+    def to(self, device: torch.device | str) -> "Batch":
+        """The same batch on ``device`` (non-blocking where the source is pinned)."""
+        move = lambda t: None if t is None else t.to(device, non_blocking=True)  # noqa: E731
+        return Batch(move(self.x), move(self.y), move(self.mask), move(self.x2), move(self.mask2))
+
+    def __len__(self) -> int:
+        return self.y.shape[0]
+
+
+@dataclass
 class SequenceData:
     """A labelled set of padded sequences.
 
@@ -78,6 +107,16 @@ class SequenceData:
             else:
                 out[key] = value
         return out
+
+    def batch(self, index: torch.Tensor) -> Batch:
+        """The examples at ``index`` (1-D long tensor) as a :class:`Batch` (on the data's device)."""
+        return Batch(
+            self.x[index],
+            self.y[index],
+            self.mask[index],
+            None if self.x2 is None else self.x2[index],
+            None if self.mask2 is None else self.mask2[index],
+        )
 
     def subset(self, index: torch.Tensor) -> "SequenceData":
         """The examples at ``index`` (a 1-D long tensor), sharing metadata."""
