@@ -27,6 +27,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from primal_attention.train.results import mean_std
+
 ROOT = Path(__file__).resolve().parents[1]
 WORK = ROOT / "runs" / "spectrum"
 DOCS = ROOT / "docs" / "results"
@@ -155,11 +157,6 @@ def analyse(exps: dict, seeds: list[int] | None, force: bool) -> None:
 
 
 # ------------------------------------------------------------------------------------------ report
-
-
-def mean_std(values: list[float]) -> tuple[float, float]:
-    m = sum(values) / len(values)
-    return m, (math.sqrt(sum((v - m) ** 2 for v in values) / (len(values) - 1)) if len(values) > 1 else 0.0)
 
 
 def fmt(values: list[float], digits: int = 2) -> str:

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import primal_attention as pa
-from primal_attention.checks import reference_files
+from primal_attention.selfcheck import reference_files
 from primal_attention.data.base import SequenceData
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 import torch.nn.functional as F
 
-from primal_attention.attention import ATTENTIONS
+from primal_attention.layers import attention_class
 from primal_attention.baselines import (
     BASELINES,
     LinearAttention,
@@ -191,7 +191,7 @@ def test_bad_inputs_raise_clear_errors(name):
 
 @pytest.mark.parametrize("name", list(BASELINES))
 def test_registered_by_name_and_usable_in_a_transformer_stack(name):
-    assert ATTENTIONS[name] is BASELINES[name]
+    assert attention_class(name) is BASELINES[name]
     torch.manual_seed(0)
     options = {name: SMALL[name]}
     stack = TransformerStack([name, "softmax"], D, H, 32, max_seq_len=64, attention_options=options)

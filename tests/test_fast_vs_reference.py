@@ -32,7 +32,7 @@ def randomise(layer: PrimalAttention, gen: torch.Generator) -> None:
 
 
 def run(layer: PrimalAttention, x: torch.Tensor, mask, fused: bool, reduction: str, form: str):
-    layer.fused = fused
+    layer.impl = "fast" if fused else "reference"
     layer.zero_grad()
     x = x.clone().requires_grad_(True)
     out = layer(x, mask)
@@ -144,7 +144,7 @@ def test_dropout_is_active_in_training_only() -> None:
     assert not torch.allclose(layer(x), layer(x))
     layer.eval()
     torch.testing.assert_close(layer(x), layer(x))
-    layer.fused = False
+    layer.impl = "reference"
     layer.train()
     with pytest.raises(ValueError, match="no dropout"):
         layer(x)

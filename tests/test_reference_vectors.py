@@ -8,7 +8,7 @@ import torch
 
 from conftest import all_reference_files
 
-from primal_attention.checks import check_case, load_reference
+from primal_attention.selfcheck import check_case, load_reference
 
 RTOL, ATOL = 1e-5, 1e-6
 
@@ -31,7 +31,7 @@ def test_all_five_published_cases_are_found() -> None:
 @pytest.mark.parametrize("fused", [True, False], ids=["fast", "reference"])
 def test_reference_case(reference_case, fused: bool) -> None:
     layer, d = load_reference(reference_case)
-    layer.fused = fused
+    layer.impl = "fast" if fused else "reference"
     x = torch.tensor(d["x"], dtype=torch.float32, requires_grad=True)
     mask = torch.tensor(d["mask"]).bool() if "mask" in d else None
     if "sample_index" in d:
@@ -54,11 +54,11 @@ def test_reference_case(reference_case, fused: bool) -> None:
 def test_reference_scores(reference_case) -> None:
     """The readable path also reproduces the per-token scores e, r."""
     layer, d = load_reference(reference_case)
-    layer.fused = False
+    layer.impl = "reference"
     mask = torch.tensor(d["mask"]).bool() if "mask" in d else None
     layer(torch.tensor(d["x"], dtype=torch.float32), mask)
-    close(layer._cache.escore, d["escore"])
-    close(layer._cache.rscore, d["rscore"])
+    close(layer._last.escore, d["escore"])
+    close(layer._last.rscore, d["rscore"])
 
 
 def test_padded_rows_equal_out_bias() -> None:

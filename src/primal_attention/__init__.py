@@ -8,16 +8,15 @@ The public API is small::
     loss = task_loss + eta * ksvd_loss(model)
 """
 
-from primal_attention.attention import (
-    ATTENTIONS,
+from primal_attention.layers import (
     MaterializedSoftmaxAttention,
     PrimalAttention,
     PrimalState,
     SoftmaxAttention,
+    attention_names,
     build_attention,
     register_attention,
 )
-import primal_attention.baselines  # noqa: F401  (registers nystrom, linformer, performer, reformer, linear)
 from primal_attention.ksvd import ksvd_loss, ksvd_objectives, primal_layers
 from primal_attention.models.classifier import ClassifierConfig, SequenceClassifier
 from primal_attention.models.lm import CausalLM, CausalLMConfig
@@ -26,7 +25,6 @@ from primal_attention.models.transformer import TransformerBlock, TransformerSta
 __version__ = "0.1.0"
 
 __all__ = [
-    "ATTENTIONS",
     "CausalLM",
     "CausalLMConfig",
     "ClassifierConfig",
@@ -37,6 +35,7 @@ __all__ = [
     "SoftmaxAttention",
     "TransformerBlock",
     "TransformerStack",
+    "attention_names",
     "build_attention",
     "hybrid_pattern",
     "ksvd_loss",

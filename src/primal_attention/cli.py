@@ -13,20 +13,21 @@ def _selfcheck(args: argparse.Namespace) -> int:
     import torch
 
     from primal_attention import PrimalAttention
+    from primal_attention.layers.primal import IMPLS
     from primal_attention.bench.timing import time_callable
-    from primal_attention.checks import check_case, reference_files
+    from primal_attention.selfcheck import check_case, reference_files
 
     torch.manual_seed(0)
     dirs = [Path(d) for d in args.reference_dir]
     ok = True
     print(f"{'reference case':32s} {'path':9s} " + " ".join(f"{k:>13s}" for k in ("out", "J batch", "J sample", "grad x")))
     for path in reference_files(*dirs):
-        for fused in (True, False):
-            r = check_case(path, fused=fused)
+        for impl in IMPLS:
+            r = check_case(path, impl=impl)
             ok &= r.passed()
             errs = [r.errors.get(k) for k in ("out", "ksvd_j_batch", "ksvd_j_sample", "grad_x")]
             cells = " ".join(f"{e:13.2e}" if e is not None else f"{'-':>13s}" for e in errs)
-            print(f"{r.name:32s} {'fast' if fused else 'reference':9s} {cells}")
+            print(f"{r.name:32s} {impl:9s} {cells}")
     print("reference vectors:", "all within rtol 1e-5 / atol 1e-6" if ok else "MISMATCH")
 
     b, n, d, h, s, m = args.batch, args.seq_len, args.dim, args.heads, args.rank, args.num_samples
@@ -38,10 +39,10 @@ def _selfcheck(args: argparse.Namespace) -> int:
         out = layer(x)
         (out.square().mean() + layer.ksvd_objective() ** 2).backward()
 
-    for fused in (True, False):
-        layer.fused = fused
+    for impl in IMPLS:
+        layer.impl = impl
         t = time_callable(step, warmup=1, repeats=args.repeats)
-        result["fast" if fused else "reference"] = t.as_dict()
+        result[impl] = t.as_dict()
     ratio = result["reference"]["median"] / result["fast"]["median"]
     result["reference_over_fast"] = ratio
     print(
@@ -88,25 +89,22 @@ def _train(args: argparse.Namespace) -> int:
 
 def _eval(args: argparse.Namespace) -> int:
     from primal_attention.data.base import DataError
-    from primal_attention.train.checkpoint import CheckpointError, find_run, load_run_weights
-    from primal_attention.train.config import ConfigError, load_config
-    from primal_attention.train.data import build_model, build_splits
-    from primal_attention.train.trainer import evaluate, resolve_device
+    from primal_attention.train.checkpoint import CheckpointError
+    from primal_attention.train.config import ConfigError
+    from primal_attention.train.run import load_run
+    from primal_attention.train.trainer import evaluate
 
     try:
-        run_dir, ckpt = find_run(Path(args.checkpoint))
-        cfg = load_config(run_dir / "config.yaml")
-        splits = build_splits(cfg)
-        device = resolve_device(cfg.train.device)
-        model = build_model(cfg, splits.train).to(device)
-        which = load_run_weights(model, ckpt, last=args.last)
+        run = load_run(Path(args.checkpoint), last=args.last)
+        if run.checkpoint is None:
+            raise CheckpointError(f"{args.checkpoint} is a config, not a trained run")
     except (CheckpointError, ConfigError, DataError) as err:
         print(f"primal eval: error: {err}", file=sys.stderr)
         return 2
-    result = {"checkpoint": str(ckpt), "weights": which}
-    for name, data in (("val", splits.val), ("test", splits.test)):
+    result = {"checkpoint": str(run.checkpoint), "weights": run.weights}
+    for name, data in (("val", run.splits.val), ("test", run.splits.test)):
         if data is not None:
-            result[name] = evaluate(model, data, cfg.train.eval_batch_size, device)
+            result[name] = evaluate(run.model, data, run.cfg.train.eval_batch_size, run.device)
     print(json.dumps(result, indent=2))
     return 0
 

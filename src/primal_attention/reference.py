@@ -44,7 +44,8 @@ class PrimalTrace(NamedTuple):
 
     out: (B, N, D); escore, rscore: (B, H, N, s); we_x, wr_x: (B, H, d, s) — the data-dependent
     projections W_{e|X}, W_{r|X} (causal: the static W_e, W_r broadcast over B);
-    token_weight: (B, N) — 1 for the tokens that enter the KSVD means, 0 otherwise.
+    token_weight: (B, N) — 1 for the tokens that enter the KSVD means, 0 otherwise;
+    q_hat, k_hat: (B, H, N, d) — the feature maps Φ_q, Φ_k (causal: of the prefix means).
     """
 
     out: Tensor
@@ -53,6 +54,8 @@ class PrimalTrace(NamedTuple):
     we_x: Tensor
     wr_x: Tensor
     token_weight: Tensor
+    q_hat: Tensor
+    k_hat: Tensor
 
 
 def uniform_sample_index(seq_len: int, num_samples: int, device: torch.device | None = None) -> Tensor:
@@ -158,7 +161,7 @@ def primal_attention(
     out = _linear(merged, weights.out_weight, weights.out_bias)
 
     token_weight = real if (mask is not None and sampling == "valid") else torch.ones_like(real)
-    return PrimalTrace(out, escore, rscore, we_x, wr_x, token_weight)
+    return PrimalTrace(out, escore, rscore, we_x, wr_x, token_weight, q_hat, k_hat)
 
 
 def ksvd_objective(

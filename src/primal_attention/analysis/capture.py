@@ -4,10 +4,10 @@ Neither layer keeps an N×N matrix (softmax runs SDPA, primal never forms one), 
 pre-hook records each layer's input x and padding mask, and the matrices are recomputed from the
 layer's own parameters with the layer's own masking semantics:
 
-* softmax layers (:class:`~primal_attention.attention.SoftmaxAttention` and subclasses):
-  A = softmax(q kᵀ / √d_h) with the keys :meth:`SoftmaxAttention._keep` allows, and the cosine
+* softmax layers (:class:`~primal_attention.layers.SoftmaxAttention` and subclasses):
+  A = softmax(q kᵀ / √d_h) with the keys :meth:`SoftmaxAttention.keep_mask` allows, and the cosine
   kernel q̂ k̂ᵀ of the same q, k;
-* primal layers (:class:`~primal_attention.attention.PrimalAttention`): the kernel K = q̂ k̂ᵀ of the
+* primal layers (:class:`~primal_attention.layers.PrimalAttention`): the kernel K = q̂ k̂ᵀ of the
   feature maps and the scores E, R from :func:`primal_attention.reference.primal_attention` (the
   documented math, not the fast path's cache), with the layer's ``causal`` and ``sampling``.
 
@@ -19,25 +19,15 @@ same as removing them).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from primal_attention import reference
-from primal_attention.attention import PrimalAttention, SoftmaxAttention
-from primal_attention.reference import PrimalWeights
-
-
-@dataclass
-class LayerInput:
-    """What a forward pre-hook saw: x (B, N, D) and the padding mask (B, N) bool (True = real)."""
-
-    x: Tensor
-    mask: Tensor
+from primal_attention.layers.inputs import LayerInput, record_inputs
+from primal_attention.layers.primal import PrimalAttention
+from primal_attention.layers.softmax import SoftmaxAttention
+from primal_attention.ksvd.diagnostics import reference_trace
 
 
 def attention_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
@@ -45,34 +35,13 @@ def attention_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
     return [(n, m) for n, m in model.named_modules() if isinstance(m, (SoftmaxAttention, PrimalAttention))]
 
 
-@contextmanager
-def capture_inputs(model: nn.Module) -> Iterator[dict[str, LayerInput]]:
+def capture_inputs(model: nn.Module):
     """Record each attention layer's input during the forwards inside the ``with`` block.
 
-    Yields a dict name -> :class:`LayerInput`, filled as the model runs; a layer called more than
-    once per forward (the two towers of a dual-input model) keeps its latest call. The hooks are
-    removed on exit.
+    A context manager yielding name -> :class:`LayerInput` (see
+    :func:`primal_attention.layers.inputs.record_inputs`).
     """
-    seen: dict[str, LayerInput] = {}
-    handles = []
-
-    def hook_for(name: str):
-        def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
-            x = args[0] if args else kwargs["x"]
-            mask = args[1] if len(args) > 1 else kwargs.get("mask", kwargs.get("attn_mask"))
-            if mask is None:
-                mask = torch.ones(x.shape[:2], dtype=torch.bool, device=x.device)
-            seen[name] = LayerInput(x.detach(), mask.detach())
-
-        return hook
-
-    for name, layer in attention_layers(model):
-        handles.append(layer.register_forward_pre_hook(hook_for(name), with_kwargs=True))
-    try:
-        yield seen
-    finally:
-        for h in handles:
-            h.remove()
+    return record_inputs(attention_layers(model))
 
 
 def _f64(t: Tensor | None) -> Tensor | None:
@@ -94,7 +63,7 @@ def softmax_matrices(layer: SoftmaxAttention, x: Tensor, mask: Tensor) -> dict[s
     """A softmax layer's attention matrix and cosine kernel, float64.
 
     Args:
-        layer: the layer (its q_proj, k_proj, num_heads, causal flag and ``_keep`` rule are used).
+        layer: the layer (its q_proj, k_proj, num_heads, causal flag and ``keep_mask`` rule are used).
         x: (B, N, D) its input. mask: (B, N) bool, True = real token.
 
     Returns:
@@ -106,7 +75,7 @@ def softmax_matrices(layer: SoftmaxAttention, x: Tensor, mask: Tensor) -> dict[s
     q = _heads(F.linear(x, _f64(layer.q_proj.weight), _f64(layer.q_proj.bias)), layer.num_heads)
     k = _heads(F.linear(x, _f64(layer.k_proj.weight), _f64(layer.k_proj.bias)), layer.num_heads)
     scores = (q @ k.transpose(-2, -1)) / math.sqrt(layer.head_dim)
-    keep = layer._keep(mask, x.shape[1], x.device)
+    keep = layer.keep_mask(mask, x.shape[1], x.device)
     if keep is not None:
         scores = scores.masked_fill(~keep, float("-inf"))
     pair = _pair_mask(mask)
@@ -114,28 +83,11 @@ def softmax_matrices(layer: SoftmaxAttention, x: Tensor, mask: Tensor) -> dict[s
     return {"attention": scores.softmax(-1) * pair, "kernel": kernel * pair}
 
 
-def primal_weights_f64(layer: PrimalAttention) -> PrimalWeights:
-    """The layer's parameters (:meth:`PrimalAttention.weights`) detached, in float64."""
-    return PrimalWeights(*[_f64(w) for w in layer.weights()])
-
-
 def primal_features(layer: PrimalAttention, x: Tensor, mask: Tensor) -> tuple[Tensor, Tensor, reference.PrimalTrace]:
-    """Φ_q = q̂, Φ_k = k̂ (B, H, N, d) and the reference trace of a primal layer, all float64.
-
-    q̂ and k̂ are ``F.normalize`` of the head-split projections (of their prefix means over the real
-    tokens for causal layers, DESIGN.md §3), exactly the feature maps inside
-    :func:`primal_attention.reference.primal_attention`, whose trace gives E, R, W_{e|X}, W_{r|X}.
-    """
-    x = x.to(torch.float64)
-    w = primal_weights_f64(layer)
-    trace = reference.primal_attention(x, w, heads=layer.num_heads, causal=layer.causal, mask=mask,
-                                       sampling=layer.sampling)
-    q = _heads(F.linear(x, w.q_weight, w.q_bias), layer.num_heads)
-    k = _heads(F.linear(x, w.k_weight, w.k_bias), layer.num_heads)
-    if layer.causal:
-        real = mask.to(torch.float64)
-        q, k = reference._prefix_mean(q, real), reference._prefix_mean(k, real)
-    return F.normalize(q, dim=-1, eps=reference.EPS), F.normalize(k, dim=-1, eps=reference.EPS), trace
+    """Φ_q = q̂, Φ_k = k̂ (B, H, N, d) and the reference trace of a primal layer, all float64
+    (:func:`primal_attention.ksvd.diagnostics.reference_trace`)."""
+    trace = reference_trace(layer, x, mask)
+    return trace.q_hat, trace.k_hat, trace
 
 
 def primal_matrices(layer: PrimalAttention, x: Tensor, mask: Tensor) -> dict[str, Tensor]:

@@ -50,7 +50,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from primal_attention.analysis.capture import attention_layers, capture_inputs, layer_matrices
-from primal_attention.attention import PrimalAttention
+from primal_attention.layers import PrimalAttention
 from primal_attention.data.base import SequenceData
 
 FRACTION_GRID = torch.linspace(0.01, 1.0, 100, dtype=torch.float64)
@@ -416,64 +416,6 @@ def components_table(result: dict[str, Any]) -> str:
 # --------------------------------------------------------------------------------- `primal spectrum`
 
 
-class TargetError(ValueError):
-    """The path given to ``primal spectrum`` is not a run, a checkpoint or a config."""
-
-
-@dataclass
-class Target:
-    """What ``primal spectrum`` analyses: the config, its data splits and the model with its weights.
-
-    source: the run directory, checkpoint or config path; weights: "best", "model" (last) or
-    "init" (a config: freshly initialised with ``train.seed``); checkpoint: path or None.
-    """
-
-    cfg: Any
-    splits: Any
-    model: nn.Module
-    device: torch.device
-    source: Path
-    weights: str
-    checkpoint: Path | None
-
-
-def load_target(path: str | Path, *, overrides: list[str] | None = None, last: bool = False) -> Target:
-    """Resolve ``path`` as ``primal eval`` does: a run directory (config.yaml + checkpoints/, the
-    latest checkpoint), a ``ckpt-*`` directory (its run two levels up), or a YAML config (a model
-    initialised with ``train.seed``, no training). ``overrides`` (KEY=VALUE) apply to a config only.
-    Holdout runs load their selected best weights unless ``last``."""
-    from primal_attention.train.checkpoint import CheckpointError, find_run, load_run_weights
-    from primal_attention.train.config import load_config
-    from primal_attention.train.data import build_model, build_splits
-    from primal_attention.train.trainer import resolve_device
-
-    path = Path(path)
-    if path.is_file() and path.suffix in (".yaml", ".yml"):
-        cfg = load_config(path, overrides)
-        ckpt, run_dir = None, None
-    else:
-        if overrides:
-            raise TargetError("--set applies to a config file, not to a trained run (its config is fixed)")
-        try:
-            run_dir, ckpt = find_run(path)
-        except CheckpointError as err:
-            raise TargetError(f"{err}, and {path} is not a .yaml config") from err
-        cfg = load_config(run_dir / "config.yaml")
-    if cfg.train.threads:
-        torch.set_num_threads(cfg.train.threads)
-    splits = build_splits(cfg)
-    device = resolve_device(cfg.train.device)
-    torch.manual_seed(cfg.train.seed)
-    model = build_model(cfg, splits.train).to(device)
-    if ckpt is None:
-        return Target(cfg, splits, model, device, path, "init", None)
-    try:
-        which = load_run_weights(model, ckpt, last=last)
-    except CheckpointError as err:
-        raise TargetError(str(err)) from err
-    return Target(cfg, splits, model, device, path, which, ckpt)
-
-
 def spectrum_command(
     path: str | Path,
     *,
@@ -488,13 +430,15 @@ def spectrum_command(
     """``primal spectrum``: analyse ``split`` of the target, print the KSVD diagnostics and the
     component table, write JSON + PNGs (default: RUN_DIR/spectrum_<split>, or
     runs/<name>/spectrum_<split>_init for a config). Returns the exit code."""
-    from primal_attention.analysis.diagnostics import ksvd_diagnostics
     from primal_attention.data.base import DataError
+    from primal_attention.ksvd.diagnostics import ksvd_diagnostics
+    from primal_attention.train.checkpoint import CheckpointError
     from primal_attention.train.config import ConfigError
+    from primal_attention.train.run import load_run
 
     try:
-        t = load_target(path, overrides=overrides, last=last)
-    except (TargetError, ConfigError, DataError) as err:
+        t = load_run(path, overrides=overrides, last=last)
+    except (CheckpointError, ConfigError, DataError) as err:
         print(f"primal spectrum: error: {err}", file=sys.stderr)
         return 2
     data = getattr(t.splits, split)
@@ -504,11 +448,7 @@ def spectrum_command(
     result = analyse_spectrum(t.model, data, batch_size=batch_size, max_examples=max_examples, device=t.device,
                               group_size=group_size)
     first = torch.arange(min(len(t.splits.train), t.cfg.train.eval_batch_size))
-    train = t.splits.train
-    batch = {"x": train.x[first].to(t.device), "mask": train.mask[first].to(t.device),
-             "x2": None if train.x2 is None else train.x2[first].to(t.device),
-             "mask2": None if train.mask2 is None else train.mask2[first].to(t.device)}
-    diagnostics = ksvd_diagnostics(t.model, batch)
+    diagnostics = ksvd_diagnostics(t.model, t.splits.train.batch(first).to(t.device))
     result.update(source=str(t.source), checkpoint=None if t.checkpoint is None else str(t.checkpoint),
                   weights=t.weights, split=split, name=t.cfg.name, ksvd_diagnostics=diagnostics,
                   ksvd_diagnostics_batch=f"first {len(first)} training examples")

@@ -4,10 +4,9 @@ Settings of the paper's Table 3 (LRA) are the defaults: Nyström 64 landmarks, L
 Performer 256 random features, Reformer 2 hashes, linear attention elu + 1.
 
 Every class has the interface of our attention layers and is registered under its name in
-:data:`primal_attention.attention.ATTENTIONS` when this package is imported, so a model picks it per
-layer like any other attention::
+:mod:`primal_attention.layers.registry`, which imports this package the first time one of their
+names is asked for, so a model picks it per layer like any other attention::
 
-    import primal_attention.baselines  # registers nystrom, linformer, performer, reformer, linear
     layer = build_attention("nystrom", 64, 2, max_seq_len=2000)
     y = layer(x, mask)          # x: (B, N, D), mask: (B, N) bool, True = real token -> (B, N, D)
 
@@ -35,7 +34,7 @@ from primal_attention.baselines.nystrom import NystromAttention
 from primal_attention.baselines.performer import PerformerAttention
 from primal_attention.baselines.reformer import ReformerAttention
 
-#: the baselines alone, name -> class (all of them are also in ``ATTENTIONS``).
+#: the baselines alone, name -> class (each also built by name with ``build_attention``).
 BASELINES: dict[str, type[BaselineAttention]] = {
     cls.method: cls
     for cls in (NystromAttention, LinformerAttention, PerformerAttention, ReformerAttention, LinearAttention)

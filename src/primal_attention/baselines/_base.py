@@ -14,7 +14,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor, nn
 
-from primal_attention.attention import check_heads, resolve_mask, check_input
+from primal_attention.layers.checks import check_heads, check_input, resolve_mask
 
 
 class BaselineAttention(nn.Module):

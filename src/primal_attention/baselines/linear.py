@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from primal_attention.attention import register_attention
+from primal_attention.layers.registry import register_attention
 from primal_attention.baselines._base import BaselineAttention
 
 __all__ = ["LinearAttention", "linear_attention", "elu_feature_map"]

@@ -23,7 +23,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from primal_attention.attention import register_attention
+from primal_attention.layers.registry import register_attention
 from primal_attention.baselines._base import BaselineAttention
 
 __all__ = ["LinformerAttention"]

@@ -34,7 +34,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from primal_attention.attention import register_attention
+from primal_attention.layers.registry import register_attention
 from primal_attention.baselines._base import BaselineAttention, float32_core, upcast
 
 __all__ = ["NystromAttention", "iterative_pinv", "nystrom_attention"]

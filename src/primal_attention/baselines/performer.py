@@ -35,7 +35,7 @@ import math
 import torch
 from torch import Tensor
 
-from primal_attention.attention import register_attention
+from primal_attention.layers.registry import register_attention
 from primal_attention.baselines._base import BaselineAttention, float32_core, upcast
 from primal_attention.baselines.linear import linear_attention
 

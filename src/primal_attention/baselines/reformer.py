@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from primal_attention.attention import register_attention
+from primal_attention.layers.registry import register_attention
 from primal_attention.baselines._base import BaselineAttention, float32_core, upcast
 
 __all__ = ["ReformerAttention", "lsh_attention", "lsh_buckets"]

@@ -1,6 +1,6 @@
 """The attentions the benchmark compares, by name, with the settings of the paper's Table 3.
 
-Each entry names a registered attention (see :data:`primal_attention.attention.ATTENTIONS`) and the
+Each entry names a registered attention (see :data:`primal_attention.layers.registry`) and the
 constructor options the benchmark gives it. The efficient baselines live in
 :mod:`primal_attention.baselines`; they are imported lazily, and an entry whose attention cannot be
 imported or is not registered is reported as unavailable instead of failing the run.
@@ -32,7 +32,7 @@ METHODS: dict[str, MethodSpec] = {
     m.name: m
     for m in (
         MethodSpec("primal", "primal", "primal", dict(PRIMAL_OPTIONS), primal=True),
-        MethodSpec("primal_reference", "primal (reference)", "primal", {**PRIMAL_OPTIONS, "fused": False}, primal=True),
+        MethodSpec("primal_reference", "primal (reference)", "primal", {**PRIMAL_OPTIONS, "impl": "reference"}, primal=True),
         MethodSpec("softmax", "softmax (SDPA)", "softmax"),
         MethodSpec("softmax_materialized", "softmax (N×N)", "softmax_materialized"),
         MethodSpec("nystrom", "Nyström (64)", "nystrom", {"num_landmarks": 64}, "primal_attention.baselines"),
@@ -57,8 +57,10 @@ def availability(name: str) -> str | None:
             importlib.import_module(spec.module)
         except Exception as err:  # noqa: BLE001 - any import failure makes the method unavailable
             return f"cannot import {spec.module}: {type(err).__name__}: {err}"
-    from primal_attention.attention import ATTENTIONS
+    from primal_attention.layers import attention_class
 
-    if spec.attention not in ATTENTIONS:
+    try:
+        attention_class(spec.attention)
+    except ValueError:
         return f"attention {spec.attention!r} is not registered (yet)"
     return None

@@ -92,8 +92,8 @@ def build(case: Case, seed: int = 0) -> Callable[[], None]:
     gen = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
     if case.level == "layer":
-        from primal_attention.attention import build_attention
-        from primal_attention.attention import PrimalAttention
+        from primal_attention.layers import build_attention
+        from primal_attention.layers import PrimalAttention
 
         layer = build_attention(spec.attention, case.dim, case.heads, max_seq_len=case.seq_len, **spec.options)
         layer = layer.to(device).train()

@@ -10,19 +10,45 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import torch
 from torch import Tensor, nn
 
-from primal_attention.attention import build_attention
+from primal_attention.layers.registry import build_attention
 from primal_attention.models.dropout import Dropout
 
 ACTIVATIONS = {"gelu": nn.GELU, "relu": nn.ReLU}
 
 
+class DropPath(nn.Module):
+    """Stochastic depth (Huang et al., 2016) on a residual branch, as timm's ``DropPath``.
+
+    In training each sample's branch output is zeroed with probability p and scaled by 1 / (1 - p)
+    otherwise (so E[out] = x); in eval it is the identity. x: (B, ...) -> (B, ...).
+    """
+
+    def __init__(self, p: float = 0.0) -> None:
+        super().__init__()
+        if not 0.0 <= p < 1.0:
+            raise ValueError(f"DropPath: p must be in [0, 1), got {p}")
+        self.p = p
+
+    def forward(self, x: Tensor) -> Tensor:
+        if not self.training or self.p == 0.0:
+            return x
+        keep = torch.empty((x.shape[0],) + (1,) * (x.dim() - 1), dtype=x.dtype, device=x.device)
+        return x * keep.bernoulli_(1.0 - self.p).div_(1.0 - self.p)
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}"
+
+
 class TransformerBlock(nn.Module):
     """Attention + feed-forward with residuals, pre-norm or post-norm.
 
-    pre-norm:  x = x + drop(attn(norm1(x))); x = x + drop(ffn(norm2(x)))
-    post-norm: x = norm1(x + drop(attn(x))); x = norm2(x + drop(ffn(x)))
+    pre-norm:  x = x + path(drop(attn(norm1(x)))); x = x + path(drop(ffn(norm2(x))))
+    post-norm: x = norm1(x + path(drop(attn(x)))); x = norm2(x + path(drop(ffn(x))))
+
+    ``path`` is :class:`DropPath` with probability ``drop_path`` (stochastic depth; 0 = identity).
 
     Shapes: x (B, N, D), mask (B, N) bool or None -> (B, N, D).
     """
@@ -36,6 +62,7 @@ class TransformerBlock(nn.Module):
         dropout: float = 0.0,
         norm_first: bool = True,
         activation: str = "gelu",
+        drop_path: float = 0.0,
     ) -> None:
         super().__init__()
         if activation not in ACTIVATIONS:
@@ -48,13 +75,14 @@ class TransformerBlock(nn.Module):
             nn.Linear(dim, ffn_dim), ACTIVATIONS[activation](), Dropout(dropout), nn.Linear(ffn_dim, dim)
         )
         self.drop = Dropout(dropout)
+        self.drop_path = DropPath(drop_path) if drop_path else nn.Identity()
 
     def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
         if self.norm_first:
-            x = x + self.drop(self.attn(self.norm1(x), mask))
-            return x + self.drop(self.ffn(self.norm2(x)))
-        x = self.norm1(x + self.drop(self.attn(x, mask)))
-        return self.norm2(x + self.drop(self.ffn(x)))
+            x = x + self.drop_path(self.drop(self.attn(self.norm1(x), mask)))
+            return x + self.drop_path(self.drop(self.ffn(self.norm2(x))))
+        x = self.norm1(x + self.drop_path(self.drop(self.attn(x, mask))))
+        return self.norm2(x + self.drop_path(self.drop(self.ffn(x))))
 
 
 class TransformerStack(nn.Module):
@@ -66,6 +94,8 @@ class TransformerStack(nn.Module):
         causal: every attention causal (decoder stacks).
         attention_options: per attention name, extra constructor options.
         final_norm: a LayerNorm after the last block (the usual pre-norm ending).
+        drop_path: stochastic-depth probability, one for every layer or one per layer (DeiT
+            increases it linearly over the blocks, ``torch.linspace(0, rate, depth)``).
     """
 
     def __init__(
@@ -83,10 +113,14 @@ class TransformerStack(nn.Module):
         max_seq_len: int | None = None,
         attention_options: Mapping[str, Mapping[str, Any]] | None = None,
         final_norm: bool | None = None,
+        drop_path: float | Sequence[float] = 0.0,
     ) -> None:
         super().__init__()
         if isinstance(attention, str) or not attention:
             raise ValueError(f"attention must be a non-empty list of names, got {attention!r}")
+        paths = [float(drop_path)] * len(attention) if isinstance(drop_path, (int, float)) else list(drop_path)
+        if len(paths) != len(attention):
+            raise ValueError(f"drop_path: expected one probability per layer ({len(attention)}), got {len(paths)}")
         options = attention_options or {}
         self.attention = list(attention)
         self.blocks = nn.ModuleList(
@@ -105,8 +139,9 @@ class TransformerStack(nn.Module):
                 dropout=dropout,
                 norm_first=norm_first,
                 activation=activation,
+                drop_path=path,
             )
-            for name in attention
+            for name, path in zip(attention, paths)
         )
         use_final = norm_first if final_norm is None else final_norm
         self.norm = nn.LayerNorm(dim) if use_final else nn.Identity()

@@ -15,6 +15,8 @@ from typing import Any
 
 import yaml
 
+from primal_attention.models.classifier import ClassifierConfig
+
 
 class ConfigError(ValueError):
     """A config file or override is invalid."""
@@ -43,28 +45,35 @@ class DataConfig:
     options: dict[str, Any] = field(default_factory=dict)
 
 
-@dataclass
-class ModelConfig:
-    """The classifier. kind: "transformer", "primalformer" or "primal+" (last layer primal), or give
-    an explicit per-layer ``attention`` list of registered names. attention_options: constructor
-    options per attention name, e.g. ``{"primal": {"rank": 40, "rank_multi": 5}}``.
-    See :class:`primal_attention.ClassifierConfig`."""
+#: fields of a model's config that come from the data (or from kind / layers), not from the YAML.
+DATA_DERIVED = {"num_classes", "max_seq_len", "vocab_size", "num_features", "dual", "attention"}
 
-    kind: str = "primalformer"
-    attention: list[str] | None = None
-    layers: int = 2
-    dim: int = 512
-    num_heads: int = 8
-    ffn_dim: int = 2048
-    dropout: float = 0.1
-    attention_dropout: float = 0.0
-    norm_first: bool = False
-    activation: str = "gelu"
-    positional: str = "learned"
-    pooling: str = "flatten"
-    input_scale: bool = False
-    head_hidden: int | None = None
-    attention_options: dict[str, dict[str, Any]] = field(default_factory=lambda: {"primal": {"rank": 20, "rank_multi": 10}})
+
+def model_section(name: str, model_config: type, doc: str) -> type:
+    """The ``model:`` section for a model config dataclass: ``kind``, ``layers`` and an optional
+    explicit ``attention`` list, then every architecture field of ``model_config`` with its own
+    default (one place holds each default), less the fields the data fixes."""
+    hints = typing.get_type_hints(model_config)
+    own = [
+        (f.name, hints[f.name], field(default=f.default) if f.default is not dataclasses.MISSING
+         else field(default_factory=f.default_factory))
+        for f in dataclasses.fields(model_config) if f.name not in DATA_DERIVED
+    ]
+    section = dataclasses.make_dataclass(
+        name,
+        [("kind", str, field(default="primalformer")), ("layers", int, field(default=2)),
+         ("attention", list[str] | None, field(default=None)), *own],
+    )
+    section.__module__, section.__doc__ = __name__, doc
+    return section
+
+
+ModelConfig = model_section("ModelConfig", ClassifierConfig, """The classifier (UEA, FSDD, LRA).
+
+kind: "transformer", "primalformer" or "primal+" (last layer primal) over ``layers`` layers, or an
+explicit per-layer ``attention`` list of registered names. attention_options: constructor options
+per attention name, e.g. ``{"primal": {"rank": 40, "rank_multi": 5}}``. The other fields and their
+defaults are those of :class:`primal_attention.ClassifierConfig`.""")
 
 
 @dataclass

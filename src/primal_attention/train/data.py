@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import NamedTuple
+import dataclasses
+from typing import Any, NamedTuple
 
 from primal_attention.data.base import SequenceData
 from primal_attention.data.splits import stratified_split
@@ -72,28 +73,24 @@ def attention_pattern(cfg: ExperimentConfig) -> list[str]:
     return hybrid_pattern(m.layers, m.kind)
 
 
+def architecture(section: Any) -> dict[str, Any]:
+    """The model-config fields of a ``model:`` section (everything but kind, layers, attention)."""
+    values = dataclasses.asdict(section)
+    for key in ("kind", "layers", "attention"):
+        values.pop(key)
+    return values
+
+
 def build_model(cfg: ExperimentConfig, data: SequenceData) -> SequenceClassifier:
     """The classifier of ``cfg.model`` sized for ``data`` (classes, input width, sequence length)."""
-    m = cfg.model
     return SequenceClassifier(
         ClassifierConfig(
             num_classes=data.num_classes,
             max_seq_len=data.seq_len,
             vocab_size=data.vocab_size,
             num_features=data.num_features if data.vocab_size is None else None,
-            dim=m.dim,
-            num_heads=m.num_heads,
-            ffn_dim=m.ffn_dim,
             attention=attention_pattern(cfg),
-            attention_options={k: dict(v) for k, v in m.attention_options.items()},
-            dropout=m.dropout,
-            attention_dropout=m.attention_dropout,
-            norm_first=m.norm_first,
-            activation=m.activation,
-            positional=m.positional,
-            pooling=m.pooling,
-            input_scale=m.input_scale,
-            head_hidden=m.head_hidden,
             dual=data.x2 is not None,
+            **architecture(cfg.model),
         )
     )

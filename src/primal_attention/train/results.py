@@ -37,10 +37,16 @@ def stored(directory: Path) -> list[dict]:
     return [json.loads(p.read_text()) for p in sorted(directory.glob("seed_*.json"))]
 
 
+def mean_std(values: Sequence[float]) -> tuple[float, float]:
+    """Mean and sample standard deviation (0 for a single value) of a non-empty sequence."""
+    if not values:
+        raise ValueError("mean_std: no values")
+    return statistics.mean(values), statistics.stdev(values) if len(values) > 1 else 0.0
+
+
 def percent_cell(values: Sequence[float]) -> str:
     """``mean ± sample std (n=k)`` of fractions, in percent; ``–`` when empty."""
     if not values:
         return "–"
-    pct = [100 * v for v in values]
-    sd = statistics.stdev(pct) if len(pct) > 1 else 0.0
-    return f"{statistics.mean(pct):.1f} ± {sd:.1f} (n={len(pct)})"
+    mean, sd = mean_std([100 * v for v in values])
+    return f"{mean:.1f} ± {sd:.1f} (n={len(values)})"

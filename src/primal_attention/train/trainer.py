@@ -19,6 +19,7 @@ import json
 import math
 import os
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +28,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from primal_attention.allocator import retain_freed_memory
-from primal_attention.data.base import SequenceData
-from primal_attention.ksvd import ksvd_loss, ksvd_objectives
+from primal_attention.data.base import Batch, SequenceData
+from primal_attention.ksvd import ksvd_diagnostics, ksvd_loss, ksvd_objectives, primal_layers
 from primal_attention.train.checkpoint import (
     CheckpointError,
     fit_weights,
@@ -38,7 +39,8 @@ from primal_attention.train.checkpoint import (
     state_tensors,
 )
 from primal_attention.train.config import ExperimentConfig, dump_config
-from primal_attention.train.data import build_model, build_splits
+from primal_attention.train.data import Splits, build_model, build_splits
+from primal_attention.train.results import mean_std
 
 
 def resolve_device(name: str) -> torch.device:
@@ -72,14 +74,9 @@ def make_scheduler(cfg: ExperimentConfig, optimizer: torch.optim.Optimizer, tota
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
-def _batch_to(data: SequenceData, index: Tensor, device: torch.device) -> dict[str, Tensor | None]:
-    return {
-        "x": data.x[index].to(device),
-        "mask": data.mask[index].to(device),
-        "x2": None if data.x2 is None else data.x2[index].to(device),
-        "mask2": None if data.mask2 is None else data.mask2[index].to(device),
-        "y": data.y[index].to(device),
-    }
+def _first_batch(data, size: int, device: torch.device) -> Batch:
+    """The first ``size`` examples of ``data``: the fixed batch of the KSVD diagnostics and final J."""
+    return data.batch(torch.arange(min(len(data), size))).to(device)
 
 
 @torch.no_grad()
@@ -89,13 +86,32 @@ def evaluate(model: nn.Module, data: SequenceData, batch_size: int, device: torc
     model.eval()
     correct, loss, count = 0, 0.0, 0
     for start in range(0, len(data), batch_size):
-        b = _batch_to(data, torch.arange(start, min(start + batch_size, len(data))), device)
-        logits = model(b["x"], b["mask"], b["x2"], b["mask2"]).float()
-        loss += F.cross_entropy(logits, b["y"], reduction="sum").item()
-        correct += int((logits.argmax(-1) == b["y"]).sum())
-        count += len(b["y"])
+        b = data.batch(torch.arange(start, min(start + batch_size, len(data)))).to(device)
+        logits = model(**b.inputs).float()
+        loss += F.cross_entropy(logits, b.y, reduction="sum").item()
+        correct += int((logits.argmax(-1) == b.y).sum())
+        count += len(b)
     model.train(was_training)
     return {"acc": correct / max(count, 1), "loss": loss / max(count, 1)}
+
+
+@dataclass
+class _Loop:
+    """Everything one run's loop carries from step to step (and a checkpoint restores)."""
+
+    model: nn.Module
+    net: nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LambdaLR
+    splits: Splits
+    total: int
+    steps_per_epoch: int
+    step: int = 0
+    history: list[dict[str, Any]] = field(default_factory=list)
+    best: dict[str, Any] | None = None
+    best_weights: dict[str, Tensor] | None = None
+    wall_before: float = 0.0
+    last: dict[str, float] = field(default_factory=dict)
 
 
 class Trainer:
@@ -126,6 +142,46 @@ class Trainer:
         return self._order(epoch, size)[k * bs : (k + 1) * bs]
 
     def fit(self) -> dict[str, Any]:
+        """Train (or continue) this seed to the end of its schedule; returns and writes metrics.json."""
+        t = self.cfg.train
+        loop = self._setup()
+        if self.resume:
+            self._restore(loop)
+        if self.is_main:
+            self.out.mkdir(parents=True, exist_ok=True)
+            dump_config(self.cfg, self.out / "config.yaml")
+        writer = self._writer(loop.step)
+        bar = None
+        if t.progress and self.is_main:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=loop.total, initial=loop.step, desc=f"{self.cfg.name} seed {t.seed}", dynamic_ncols=True)
+        round_len = t.eval_every if t.steps is not None else loop.steps_per_epoch
+        eval_every_rounds = 1 if t.steps is not None else t.eval_every
+        start = time.perf_counter()
+        loop.model.train()
+        while loop.step < loop.total:
+            self._train_step(loop)
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(loss=f"{loop.last['loss']:.3f}", ksvd=f"{loop.last['ksvd']:.2e}", acc=f"{loop.last['acc']:.2f}")
+            if loop.step % round_len and loop.step != loop.total:
+                continue
+            if math.ceil(loop.step / round_len) % eval_every_rounds == 0 or loop.step == loop.total:
+                self._evaluate_and_select(loop, writer, bar)
+            if self.is_main:
+                self._checkpoint(loop, loop.wall_before + time.perf_counter() - start)
+        if bar is not None:
+            bar.close()
+        if writer is not None:
+            writer.close()
+        metrics = self._final_metrics(loop, loop.wall_before + time.perf_counter() - start)
+        if self.is_main:
+            (self.out / "metrics.json").write_text(json.dumps(metrics, indent=2))
+        return metrics
+
+    def _setup(self) -> _Loop:
+        """Threads, allocator, process group, seed; then data, model, optimiser and schedule."""
         cfg, t = self.cfg, self.cfg.train
         if t.threads:
             torch.set_num_threads(t.threads)
@@ -140,100 +196,77 @@ class Trainer:
         if self.world > 1:
             net = nn.parallel.DistributedDataParallel(model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
         optimizer = make_optimizer(cfg, model)
-        m = len(splits.train)
-        steps_per_epoch = math.ceil(m / t.batch_size)
+        steps_per_epoch = math.ceil(len(splits.train) / t.batch_size)
         total = t.steps if t.steps is not None else t.epochs * steps_per_epoch
-        round_len = t.eval_every if t.steps is not None else steps_per_epoch
-        eval_every_rounds = 1 if t.steps is not None else t.eval_every
         scheduler = make_scheduler(cfg, optimizer, total)
+        return _Loop(model, net, optimizer, scheduler, splits, total, steps_per_epoch)
 
+    def _restore(self, loop: _Loop) -> None:
+        """Continue from the latest checkpoint, if there is one: weights, optimiser, schedule, RNG, history."""
         ckpt_dir = self.out / "checkpoints"
-        step, history, best, best_weights = 0, [], None, None
-        wall_before = 0.0
-        found = latest_checkpoint(ckpt_dir) if self.resume else None
-        if found is not None:
-            try:
-                weights, state, best_weights = load_checkpoint(found)
-                fit_weights(model, weights, found / "model.safetensors")
-            except CheckpointError as err:
-                raise CheckpointError(f"cannot resume: {err}. Delete {ckpt_dir} to start this run afresh") from err
-            optimizer.load_state_dict(state["optimizer"])
-            scheduler.load_state_dict(state["scheduler"])
-            torch.set_rng_state(state["rng"])
-            if self.device.type == "cuda" and state.get("cuda_rng") is not None:
-                torch.cuda.set_rng_state(state["cuda_rng"], self.device)
-            step, history, best, wall_before = state["step"], state["history"], state["best"], state["wall_time"]
+        found = latest_checkpoint(ckpt_dir)
+        if found is None:
+            return
+        try:
+            weights, state, loop.best_weights = load_checkpoint(found)
+            fit_weights(loop.model, weights, found / "model.safetensors")
+        except CheckpointError as err:
+            raise CheckpointError(f"cannot resume: {err}. Delete {ckpt_dir} to start this run afresh") from err
+        loop.optimizer.load_state_dict(state["optimizer"])
+        loop.scheduler.load_state_dict(state["scheduler"])
+        torch.set_rng_state(state["rng"])
+        if self.device.type == "cuda" and state.get("cuda_rng") is not None:
+            torch.cuda.set_rng_state(state["cuda_rng"], self.device)
+        loop.step, loop.history, loop.best, loop.wall_before = state["step"], state["history"], state["best"], state["wall_time"]
+
+    def _train_step(self, loop: _Loop) -> None:
+        """One optimiser step on this rank's share of the global batch: task loss + η·KSVD."""
+        t, clip = self.cfg.train, self.cfg.optim.clip_norm
+        index = self._global_batch(loop.step, len(loop.splits.train), loop.steps_per_epoch)
+        local = index[self.rank :: self.world]
+        b = loop.splits.train.batch(local).to(self.device)
+        logits = loop.net(**b.inputs)
+        share = len(local) * self.world / len(index)  # makes DDP's mean the global mean
+        task = F.cross_entropy(logits.float(), b.y)
+        reg = ksvd_loss(loop.model, t.ksvd_reduction, t.ksvd_form) if t.eta > 0 else torch.zeros((), device=self.device)
+        loss = (task + t.eta * reg) * share
+        loop.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if clip:
+            nn.utils.clip_grad_norm_(loop.model.parameters(), clip)
+        loop.optimizer.step()
+        loop.scheduler.step()
+        loop.step += 1
+        loop.last = {"loss": task.item(), "ksvd": reg.item(), "acc": float((logits.argmax(-1) == b.y).float().mean())}
+
+    def _evaluate_and_select(self, loop: _Loop, writer, bar) -> None:
+        """Evaluate, append to the history, keep the best row (and, holdout, its weights), log."""
+        t = self.cfg.train
+        row = self._evaluate(loop.model, loop.splits, loop.step, loop.steps_per_epoch, loop.last)
+        loop.history.append(row)
+        selector = "val_acc" if t.protocol == "holdout" else "test_acc"
+        if loop.best is None or row[selector] > loop.best[selector]:
+            loop.best = dict(row)
+            if t.protocol == "holdout":
+                loop.best_weights = state_tensors(loop.model)
         if self.is_main:
-            self.out.mkdir(parents=True, exist_ok=True)
-            dump_config(cfg, self.out / "config.yaml")
-        writer = self._writer(step)
-
-        bar = None
-        if t.progress and self.is_main:
-            from tqdm.auto import tqdm
-
-            bar = tqdm(total=total, initial=step, desc=f"{cfg.name} seed {t.seed}", dynamic_ncols=True)
-        start = time.perf_counter()
-        model.train()
-        last: dict[str, float] = {}
-        while step < total:
-            index = self._global_batch(step, m, steps_per_epoch)
-            local = index[self.rank :: self.world]
-            b = _batch_to(splits.train, local, self.device)
-            logits = net(b["x"], b["mask"], b["x2"], b["mask2"])
-            share = len(local) * self.world / len(index)  # makes DDP's mean the global mean
-            task = F.cross_entropy(logits.float(), b["y"])
-            reg = ksvd_loss(model, t.ksvd_reduction, t.ksvd_form) if t.eta > 0 else torch.zeros((), device=self.device)
-            loss = (task + t.eta * reg) * share
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            if cfg.optim.clip_norm:
-                nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.clip_norm)
-            optimizer.step()
-            scheduler.step()
-            step += 1
-            last = {"loss": task.item(), "ksvd": reg.item(), "acc": float((logits.argmax(-1) == b["y"]).float().mean())}
+            self._log(writer, loop.history)
             if bar is not None:
-                bar.update(1)
-                bar.set_postfix(loss=f"{last['loss']:.3f}", ksvd=f"{last['ksvd']:.2e}", acc=f"{last['acc']:.2f}")
+                bar.write(self._describe(row))
 
-            end_of_round = step % round_len == 0 or step == total
-            if not end_of_round:
-                continue
-            round_index = math.ceil(step / round_len)
-            if round_index % eval_every_rounds == 0 or step == total:
-                row = self._evaluate(model, splits, step, steps_per_epoch, last)
-                history.append(row)
-                selector = "val_acc" if t.protocol == "holdout" else "test_acc"
-                if best is None or row[selector] > best[selector]:
-                    best = dict(row)
-                    if t.protocol == "holdout":
-                        best_weights = state_tensors(model)
-                if self.is_main:
-                    self._log(writer, history)
-                    if bar is not None:
-                        bar.write(self._describe(row))
-            if self.is_main:
-                state = {
-                    "step": step,
-                    "optimizer": optimizer.state_dict(),
-                    "scheduler": scheduler.state_dict(),
-                    "rng": torch.get_rng_state(),
-                    "cuda_rng": torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None,
-                    "history": history,
-                    "best": best,
-                    "wall_time": wall_before + time.perf_counter() - start,
-                }
-                save_checkpoint(ckpt_dir, step, model, state, best_weights)
-        if bar is not None:
-            bar.close()
-        if writer is not None:
-            writer.close()
-        wall = wall_before + time.perf_counter() - start
-        metrics = self._final_metrics(model, splits, history, best, best_weights, wall, total, steps_per_epoch)
-        if self.is_main:
-            (self.out / "metrics.json").write_text(json.dumps(metrics, indent=2))
-        return metrics
+    def _checkpoint(self, loop: _Loop, wall: float) -> None:
+        """Save everything :meth:`_restore` needs to continue exactly from this step."""
+        state = {
+            "step": loop.step,
+            "optimizer": loop.optimizer.state_dict(),
+            "scheduler": loop.scheduler.state_dict(),
+            "rng": torch.get_rng_state(),
+            "cuda_rng": torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None,
+            "history": loop.history,
+            "best": loop.best,
+            "wall_time": wall,
+        }
+        save_checkpoint(self.out / "checkpoints", loop.step, loop.model, state, loop.best_weights)
 
     def _evaluate(self, model: nn.Module, splits, step: int, steps_per_epoch: int, last: dict[str, float]) -> dict[str, Any]:
         t = self.cfg.train
@@ -245,12 +278,9 @@ class Trainer:
         if t.protocol == "authors":
             e = evaluate(model, splits.test, t.eval_batch_size, self.device)
             row.update(test_acc=e["acc"], test_loss=e["loss"])
-        from primal_attention.analysis.diagnostics import ksvd_diagnostics
-        from primal_attention.ksvd import primal_layers
-
         if primal_layers(model):
             # KSVD state (J, Λ, stationarity residuals) on a fixed batch: the first training examples.
-            fixed = _batch_to(splits.train, torch.arange(min(len(splits.train), t.eval_batch_size)), self.device)
+            fixed = _first_batch(splits.train, t.eval_batch_size, self.device)
             row.update({f"ksvd/{k}": v for k, v in ksvd_diagnostics(model, fixed, per_head=False).items()})
         return row
 
@@ -284,8 +314,10 @@ class Trainer:
                 if k not in ("step", "epoch") and isinstance(v, (int, float)):
                     writer.add_scalar(k, v, row["step"])
 
-    def _final_metrics(self, model, splits, history, best, best_weights, wall, total, steps_per_epoch) -> dict[str, Any]:
+    def _final_metrics(self, loop: _Loop, wall: float) -> dict[str, Any]:
         t = self.cfg.train
+        model, splits, history, best, best_weights = loop.model, loop.splits, loop.history, loop.best, loop.best_weights
+        total, steps_per_epoch = loop.total, loop.steps_per_epoch
         metrics: dict[str, Any] = {
             "name": self.cfg.name,
             "seed": t.seed,
@@ -315,23 +347,17 @@ class Trainer:
         """Signed J per primal layer (batch reduction) on the first training examples, eval mode."""
         was = model.training
         model.eval()
-        b = _batch_to(data, torch.arange(min(len(data), self.cfg.train.eval_batch_size)), self.device)
-        model(b["x"], b["mask"], b["x2"], b["mask2"])
+        model(**_first_batch(data, self.cfg.train.eval_batch_size, self.device).inputs)
         out = {name: float(j) for name, j in ksvd_objectives(model, "batch", self.cfg.train.ksvd_form).items()}
         model.train(was)
         return out
-
-
-def _mean_std(values: list[float]) -> dict[str, float]:
-    t = torch.tensor(values, dtype=torch.float64)
-    return {"mean": float(t.mean()), "std": float(t.std()) if len(values) > 1 else 0.0, "n": len(values)}
 
 
 def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """Mean ± std (sample std over seeds) of every numeric metric of the runs."""
     keys = [k for k, v in runs[0].items() if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "seed"]
     summary: dict[str, Any] = {"name": runs[0]["name"], "protocol": runs[0]["protocol"], "seeds": [r["seed"] for r in runs]}
-    summary.update({k: _mean_std([float(r[k]) for r in runs]) for k in keys})
+    summary.update({k: dict(zip(("mean", "std"), mean_std([float(r[k]) for r in runs])), n=len(runs)) for k in keys})
     return summary
 
 

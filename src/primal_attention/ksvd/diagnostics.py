@@ -1,4 +1,4 @@
-"""How close a primal layer is to a KSVD solution (DESIGN.md §1, §4).
+"""How close a primal layer is to a KSVD solution (docs/method.md §1, §4).
 
 The KSVD problem of one head, with Φ_q = q̂, Φ_k = k̂ (N×d) the sample's feature matrices, E, R
 (N×s) its projection scores and Λ = diag(λ), is stationary (KKT) exactly when
@@ -23,7 +23,11 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 
-from primal_attention.analysis.capture import capture_inputs, primal_features
+from primal_attention import reference
+from primal_attention.data.base import Batch
+from primal_attention.ksvd.loss import primal_layers
+from primal_attention.layers.inputs import record_inputs
+from primal_attention.layers.primal import PrimalAttention
 
 
 class KKTResiduals(NamedTuple):
@@ -83,14 +87,14 @@ def stationarity_residuals(
 
 
 @torch.no_grad()
-def ksvd_diagnostics(model: nn.Module, batch: dict[str, Tensor | None], *, per_head: bool = True) -> dict[str, float]:
+def ksvd_diagnostics(model: nn.Module, batch: Batch, *, per_head: bool = True) -> dict[str, float]:
     """KSVD state of every primal layer on one batch, as a flat dict of floats.
 
-    Runs one forward of ``batch`` (``{"x", "mask"}`` and optionally ``"x2", "mask2"``, as the
-    trainer builds it) in eval mode without gradients, and restores the training mode. Keys, for
+    Runs one forward of ``batch`` (``model(**batch.inputs)``) in eval mode without gradients, and
+    restores the training mode. Keys, for
     a primal layer named ``L``:
 
-    * ``L.J_authors``, ``L.J_paper``: signed J, ``layer.ksvd_objective("batch", form)`` (DESIGN.md
+    * ``L.J_authors``, ``L.J_paper``: signed J, ``layer.ksvd_objective("batch", form)`` (docs/method.md
       §4, the authors' and the paper's form); ``L.J_authors_rms``: √(mean_b J_b²) of the authors'
       per-sample J, what the "sample" reduction squares;
     * ``L.lam_mean``, ``L.lam_abs_mean``, ``L.lam_min``, ``L.lam_max``: of Λ = ``layer.lambdas``;
@@ -100,8 +104,6 @@ def ksvd_diagnostics(model: nn.Module, batch: dict[str, Tensor | None], *, per_h
       the same with the best common scale c on Λ, and the mean c;
     * with ``per_head``: ``L.res_we.h{h}``, ``L.res_wr.h{h}`` (mean over samples).
     """
-    from primal_attention.ksvd import primal_layers
-
     layers = primal_layers(model)
     if not layers:
         return {}
@@ -109,8 +111,8 @@ def ksvd_diagnostics(model: nn.Module, batch: dict[str, Tensor | None], *, per_h
     model.eval()
     out: dict[str, float] = {}
     try:
-        with capture_inputs(model) as seen:
-            model(batch["x"], batch.get("mask"), batch.get("x2"), batch.get("mask2"))
+        with record_inputs(layers) as seen:
+            model(**batch.inputs)
             for name, layer in layers:
                 out[f"{name}.J_authors"] = float(layer.ksvd_objective("batch", "authors"))
                 out[f"{name}.J_paper"] = float(layer.ksvd_objective("batch", "paper"))
@@ -121,8 +123,8 @@ def ksvd_diagnostics(model: nn.Module, batch: dict[str, Tensor | None], *, per_h
                 out[f"{name}.lam_min"] = float(lam.min())
                 out[f"{name}.lam_max"] = float(lam.max())
                 inp = seen[name]
-                q_hat, k_hat, t = primal_features(layer, inp.x, inp.mask)
-                args = (q_hat, k_hat, t.escore, t.rscore, t.we_x, t.wr_x, lam, inp.mask)
+                t = reference_trace(layer, inp.x, inp.mask)
+                args = (t.q_hat, t.k_hat, t.escore, t.rscore, t.we_x, t.wr_x, lam, inp.mask)
                 plain = stationarity_residuals(*args)
                 scaled = stationarity_residuals(*args, rescale=True)
                 out[f"{name}.res_we"] = float(plain.res_e.mean())
@@ -137,3 +139,10 @@ def ksvd_diagnostics(model: nn.Module, batch: dict[str, Tensor | None], *, per_h
     finally:
         model.train(was)
     return out
+
+
+def reference_trace(layer: PrimalAttention, x: Tensor, mask: Tensor) -> reference.PrimalTrace:
+    """The reference forward of a primal layer on its recorded input, float64 throughout."""
+    weights = reference.PrimalWeights(*[None if w is None else w.detach().to(torch.float64) for w in layer.weights()])
+    return reference.primal_attention(x.to(torch.float64), weights, heads=layer.num_heads, causal=layer.causal,
+                                      mask=mask, sampling=layer.sampling)

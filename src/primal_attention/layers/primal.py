@@ -1,14 +1,12 @@
-"""Attention modules with one interface, and a registry to choose them by name.
+"""Primal-Attention: the layer (non-causal and causal families) and its incremental decoding state.
 
-Every module here is built as ``Cls(embed_dim, num_heads, *, max_seq_len=None, dropout=0.0,
-bias=True, causal=False, **its_own_options)`` and called as ``forward(x, mask=None)`` with
-x: (B, N, D) and mask: (B, N) bool, True = real token. Output rows at padding positions carry no
-information (primal: they equal ``out_proj.bias``; softmax: likewise).
+The math is :mod:`primal_attention.reference` (docs/method.md §2–§3); the fast path is
+:mod:`primal_attention.functional`. Each forward run with gradients enabled records its KSVD
+terms for :func:`primal_attention.ksvd_loss` (docs/method.md §4).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -17,78 +15,15 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from primal_attention import functional, reference
+from primal_attention.layers.checks import check_heads, check_input, resolve_mask
+from primal_attention.layers.registry import register_attention
 from primal_attention.reference import PrimalWeights
 
-ATTENTIONS: dict[str, type[nn.Module]] = {}
 
+IMPLS = ("fast", "reference")
 
-def register_attention(name: str) -> Callable[[type[nn.Module]], type[nn.Module]]:
-    """Class decorator: make an attention module available to :func:`build_attention` as ``name``."""
-
-    def add(cls: type[nn.Module]) -> type[nn.Module]:
-        if name in ATTENTIONS and ATTENTIONS[name] is not cls:
-            raise ValueError(f"attention {name!r} is already registered to {ATTENTIONS[name].__name__}")
-        ATTENTIONS[name] = cls
-        return cls
-
-    return add
-
-
-def build_attention(name: str, embed_dim: int, num_heads: int, **options: Any) -> nn.Module:
-    """Construct the attention registered as ``name`` (see :data:`ATTENTIONS`)."""
-    if name not in ATTENTIONS:
-        raise ValueError(f"unknown attention {name!r}; available: {', '.join(sorted(ATTENTIONS))}")
-    return ATTENTIONS[name](embed_dim, num_heads, **options)
-
-
-def check_input(
-    x: Tensor,
-    mask: Tensor | None,
-    embed_dim: int,
-    *,
-    check_finite: bool = False,
-    name: str = "attention",
-) -> None:
-    """Raise a ValueError naming what was expected when x (B, N, D) or mask (B, N) bool is off."""
-    if not isinstance(x, Tensor):
-        raise TypeError(f"{name}: expected x to be a torch.Tensor, got {type(x).__name__}")
-    if x.dim() != 3 or x.shape[-1] != embed_dim:
-        raise ValueError(f"{name}: expected x of shape (B, N, {embed_dim}), got {tuple(x.shape)}")
-    if not x.is_floating_point():
-        raise ValueError(f"{name}: expected a floating-point x, got {x.dtype}")
-    if x.shape[1] == 0:
-        raise ValueError(f"{name}: expected at least one token, got x of shape {tuple(x.shape)}")
-    if mask is not None:
-        if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
-            got = mask.dtype if isinstance(mask, Tensor) else type(mask).__name__
-            raise ValueError(f"{name}: expected mask of dtype torch.bool (True = real token), got {got}")
-        if mask.shape != x.shape[:2]:
-            raise ValueError(
-                f"{name}: expected mask of shape {tuple(x.shape[:2])} (B, N), got {tuple(mask.shape)}"
-            )
-    if check_finite and not bool(torch.isfinite(x).all()):
-        raise ValueError(f"{name}: x contains NaN or Inf")
-
-
-def resolve_mask(mask: Tensor | None, attn_mask: Tensor | None, name: str) -> Tensor | None:
-    """Accept timm's ``attn_mask`` keyword as a (B, N) key-padding mask."""
-    if attn_mask is None:
-        return mask
-    if mask is not None:
-        raise ValueError(f"{name}: pass either mask or attn_mask, not both")
-    if attn_mask.dim() != 2:
-        raise ValueError(
-            f"{name}: attn_mask must be a (B, N) bool padding mask (True = real token); "
-            f"pairwise (B, H, N, N) masks are not expressible by this layer, got {tuple(attn_mask.shape)}"
-        )
-    return attn_mask
-
-
-def check_heads(embed_dim: int, num_heads: int, name: str) -> None:
-    if embed_dim <= 0 or num_heads <= 0:
-        raise ValueError(f"{name}: embed_dim and num_heads must be positive, got {embed_dim}, {num_heads}")
-    if embed_dim % num_heads:
-        raise ValueError(f"{name}: num_heads ({num_heads}) must divide embed_dim ({embed_dim})")
+#: what one forward keeps for its KSVD objective: the fast path's cache or the reference trace.
+KSVDTerm = functional.PrimalCache | reference.PrimalTrace
 
 
 class PrimalState(NamedTuple):
@@ -126,7 +61,8 @@ class PrimalAttention(nn.Module):
             "valid" (positions over each sample's real tokens, padding kept out of the KSVD terms).
             Causal layers have no sampling; there the option only decides the KSVD means.
         positive_lambda: parametrise Λ = exp(log_lam) (> 0) instead of the authors' free ``lam``.
-        fused: the fast path (default) or the readable reference math (for checks and timing).
+        impl: "fast" (default, :mod:`primal_attention.functional`) or "reference" (the readable
+            math of :mod:`primal_attention.reference`, for checks and timing; no dropout).
         check_finite: raise on NaN / Inf input (a device sync per call; off by default).
 
     Shapes:
@@ -138,8 +74,16 @@ class PrimalAttention(nn.Module):
     Causal padding: padded tokens are left out of the prefix means (so left padding is safe) and
     of the incremental state of :meth:`step`.
 
+    KSVD terms: every forward run with gradients enabled records what its objective J needs;
+    :func:`primal_attention.ksvd_loss` consumes every recorded forward since its previous call, so
+    a layer called twice (two towers, shared weights) counts twice. Forwards without gradients
+    (``no_grad``, ``inference_mode``) and the recomputation that activation checkpointing runs
+    during backward record nothing; :meth:`ksvd_objective` always refers to the latest forward.
+    A recorded term is dropped once the layer's parameters change (an optimiser step), so a loop
+    that never calls ``ksvd_loss`` does not accumulate them.
+
     Parameter names (``q_proj``, ``k_proj``, ``we``, ``wr``, ``lam``, ``mix``, ``out_proj``) follow
-    DESIGN.md so weights from other implementations load with ``load_state_dict``.
+    docs/method.md so weights from other implementations load with ``load_state_dict``.
     """
 
     def __init__(
@@ -156,11 +100,13 @@ class PrimalAttention(nn.Module):
         dropout: float = 0.0,
         sampling: str = "uniform",
         positive_lambda: bool = False,
-        fused: bool = True,
+        impl: str = "fast",
         check_finite: bool = False,
     ) -> None:
         super().__init__()
         check_heads(embed_dim, num_heads, "PrimalAttention")
+        if impl not in IMPLS:
+            raise ValueError(f"PrimalAttention: impl must be one of {IMPLS}, got {impl!r}")
         if not isinstance(rank, int) or rank <= 0:
             raise ValueError(f"PrimalAttention: rank must be a positive int, got {rank!r}")
         if not isinstance(rank_multi, int) or rank_multi <= 0:
@@ -182,7 +128,7 @@ class PrimalAttention(nn.Module):
         self.sampling = sampling
         self.dropout = dropout
         self.positive_lambda = positive_lambda
-        self.fused = fused
+        self.impl = impl
         self.check_finite = check_finite
         if causal:
             self.num_samples = None
@@ -203,7 +149,8 @@ class PrimalAttention(nn.Module):
         self.mix = nn.Linear(2 * rank, self.head_dim, bias=bias)
         self.out_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
         self.reset_parameters()
-        self._cache: functional.PrimalCache | None = None
+        self._last: KSVDTerm | None = None
+        self._terms: list[tuple[KSVDTerm, tuple[int, ...]]] = []
 
     def reset_parameters(self) -> None:
         """Authors' init: orthogonal W_e, W_r on the 3-D tensor, Λ ~ U[0, 1); Linear defaults."""
@@ -269,8 +216,8 @@ class PrimalAttention(nn.Module):
         """x: (B, N, D); mask (or timm's attn_mask): (B, N) bool, True = real token -> (B, N, D)."""
         mask = resolve_mask(mask, attn_mask, "PrimalAttention")
         check_input(x, mask, self.embed_dim, check_finite=self.check_finite, name="PrimalAttention")
-        if self.fused:
-            out, self._cache = functional.primal_attention(
+        if self.impl == "fast":
+            out, cache = functional.primal_attention(
                 x,
                 self.weights(),
                 heads=self.num_heads,
@@ -280,35 +227,61 @@ class PrimalAttention(nn.Module):
                 dropout_p=self.dropout,
                 training=self.training,
             )
+            self._record(cache)
             return out
         if self.training and self.dropout > 0.0:
-            raise ValueError("PrimalAttention: the reference path (fused=False) has no dropout")
+            raise ValueError("PrimalAttention: the reference path (impl='reference') has no dropout")
         trace = reference.primal_attention(
             x, self.weights(), heads=self.num_heads, causal=self.causal, mask=mask, sampling=self.sampling
         )
-        self._cache = trace
+        self._record(trace)
         return trace.out
+
+    def _parameter_versions(self) -> tuple[int, ...]:
+        # In-place updates (optimiser steps, load_state_dict) bump a tensor's version counter.
+        return tuple(p._version for p in self.parameters())
+
+    @torch.compiler.disable
+    def _record(self, term: KSVDTerm) -> None:
+        """Keep a forward's KSVD term: as the latest, and for ksvd_loss when it can carry gradients."""
+        if torch._C._current_autograd_node() is not None:
+            return  # the forward that activation checkpointing recomputes inside backward
+        self._last = term
+        if torch.is_grad_enabled():
+            versions = self._parameter_versions()
+            self._terms = [t for t in self._terms if t[1] == versions]
+            self._terms.append((term, versions))
+
+    def pop_ksvd_terms(self) -> list[KSVDTerm]:
+        """The terms recorded since the previous call (with the current parameters), and forget them."""
+        versions = self._parameter_versions()
+        terms = [t for t, v in self._terms if v == versions]
+        self._terms = []
+        return terms
+
+    def term_objective(self, term: KSVDTerm, reduction: str = "batch", form: str = "authors") -> Tensor:
+        """Signed J of one recorded forward; see :meth:`ksvd_objective`."""
+        if reduction not in ("batch", "sample"):
+            raise ValueError(f"reduction must be 'batch' or 'sample', got {reduction!r}")
+        if isinstance(term, reference.PrimalTrace):
+            return reference.ksvd_objective(term, self.weights(), reduction=reduction, form=form)
+        return functional.ksvd_objective(term, self.lambdas, self.we, self.wr, reduction=reduction, form=form)
 
     def ksvd_objective(self, reduction: str = "batch", form: str = "authors") -> Tensor:
         """Signed KSVD objective J of the last forward (differentiable).
 
         reduction: "batch" -> scalar; "sample" -> (B,). form: "authors" (default; Λ squared, means
         over heads and tokens, trace on the learned W_e, W_r) or "paper" (Λ, sums, trace on W_{e|X}).
-        See DESIGN.md §4. Computed in float32 with autocast off.
+        See docs/method.md §4. Computed in float32 with autocast off.
         """
-        if reduction not in ("batch", "sample"):
-            raise ValueError(f"reduction must be 'batch' or 'sample', got {reduction!r}")
-        if self._cache is None:
+        if self._last is None:
             raise RuntimeError("PrimalAttention.ksvd_objective: call forward first")
-        if isinstance(self._cache, reference.PrimalTrace):
-            return reference.ksvd_objective(self._cache, self.weights(), reduction=reduction, form=form)
-        return functional.ksvd_objective(
-            self._cache, self.lambdas, self.we, self.wr, reduction=reduction, form=form
-        )
+        return self.term_objective(self._last, reduction, form)
 
     def clear_cache(self) -> None:
-        """Drop the tensors the last forward kept for the KSVD objective."""
-        self._cache = None
+        """Drop every tensor kept for the KSVD objective (the latest forward and the recorded terms)."""
+        self._last = None
+        self._terms = []
 
     def step(
         self, x_t: Tensor, state: PrimalState | None = None, mask_t: Tensor | None = None
@@ -358,99 +331,3 @@ class PrimalAttention(nn.Module):
             f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, rank={self.rank}{n}, "
             f"causal={self.causal}, sampling={self.sampling!r}, positive_lambda={self.positive_lambda}"
         )
-
-
-@register_attention("softmax")
-class SoftmaxAttention(nn.Module):
-    """Canonical multi-head softmax attention, ``softmax(q kᵀ / √d) v``.
-
-    ``fused=True`` runs PyTorch's ``scaled_dot_product_attention`` (flash / memory-efficient kernels
-    where available, no N×N matrix kept); ``fused=False`` materialises the N×N attention matrix,
-    as the classic implementation and the paper's Transformer baseline do.
-
-    Shapes: forward x (B, N, D), mask (B, N) bool (True = real token) -> (B, N, D). Padding keys get
-    no weight; padding output rows are zeroed before out_proj (they equal ``out_proj.bias``).
-    """
-
-    def __init__(
-        self,
-        embed_dim: int,
-        num_heads: int,
-        *,
-        max_seq_len: int | None = None,
-        causal: bool = False,
-        bias: bool = True,
-        dropout: float = 0.0,
-        fused: bool = True,
-        check_finite: bool = False,
-    ) -> None:
-        super().__init__()
-        check_heads(embed_dim, num_heads, type(self).__name__)
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"{type(self).__name__}: dropout must be in [0, 1), got {dropout}")
-        self.embed_dim = embed_dim
-        self.num_heads = num_heads
-        self.head_dim = embed_dim // num_heads
-        self.causal = causal
-        self.dropout = dropout
-        self.fused = fused
-        self.check_finite = check_finite
-        self.q_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
-        self.k_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
-        self.v_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
-        self.out_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
-
-    def _keep(self, mask: Tensor | None, seq_len: int, device: torch.device) -> Tensor | None:
-        """Boolean "may attend" mask broadcastable to (B, H, N, N), or None for is_causal / no mask.
-
-        Every query keeps at least one key (itself), so no row is empty and no NaN appears; the
-        rows where that matters are padding and are zeroed afterwards.
-        """
-        if mask is None:
-            if not self.causal:
-                return None
-            return torch.ones(seq_len, seq_len, dtype=torch.bool, device=device).tril()
-        keep = mask[:, None, None, :]  # (B, 1, 1, N)
-        if self.causal:
-            tril = torch.ones(seq_len, seq_len, dtype=torch.bool, device=device).tril()
-            return (keep & tril) | torch.eye(seq_len, dtype=torch.bool, device=device)
-        # A fully padded sample attends everywhere (its rows are zeroed anyway).
-        return keep | ~mask.any(dim=1)[:, None, None, None]
-
-    def forward(self, x: Tensor, mask: Tensor | None = None, *, attn_mask: Tensor | None = None) -> Tensor:
-        """x: (B, N, D); mask (or timm's attn_mask): (B, N) bool, True = real token -> (B, N, D)."""
-        name = type(self).__name__
-        mask = resolve_mask(mask, attn_mask, name)
-        check_input(x, mask, self.embed_dim, check_finite=self.check_finite, name=name)
-        batch, seq_len, dim = x.shape
-
-        def heads(t: Tensor) -> Tensor:
-            return t.view(batch, seq_len, self.num_heads, self.head_dim).transpose(1, 2)
-
-        q, k, v = heads(self.q_proj(x)), heads(self.k_proj(x)), heads(self.v_proj(x))
-        p = self.dropout if self.training else 0.0
-        if self.fused:
-            if mask is None and self.causal:
-                y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
-            else:
-                y = F.scaled_dot_product_attention(q, k, v, attn_mask=self._keep(mask, seq_len, x.device), dropout_p=p)
-        else:
-            scores = (q @ k.transpose(-2, -1)) / math.sqrt(self.head_dim)
-            keep = self._keep(mask, seq_len, x.device)
-            if keep is not None:
-                scores = scores.masked_fill(~keep, float("-inf"))
-            y = F.dropout(scores.softmax(dim=-1), p=p, training=p > 0) @ v
-        y = y.transpose(1, 2).reshape(batch, seq_len, dim)
-        if mask is not None:
-            y = y * mask[:, :, None].to(y.dtype)
-        return self.out_proj(y)
-
-
-@register_attention("softmax_materialized")
-class MaterializedSoftmaxAttention(SoftmaxAttention):
-    """:class:`SoftmaxAttention` that forms the N×N matrix (the paper's Transformer baseline)."""
-
-    def __init__(self, embed_dim: int, num_heads: int, **options: Any) -> None:
-        if options.pop("fused", False):
-            raise ValueError("MaterializedSoftmaxAttention is never fused; use SoftmaxAttention")
-        super().__init__(embed_dim, num_heads, fused=False, **options)

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from primal_attention.attention import PrimalAttention
+from primal_attention.layers.primal import PrimalAttention
 
 BUNDLED = Path(__file__).resolve().parent / "reference_vectors"
 
@@ -73,10 +73,10 @@ def _relerr(ours: torch.Tensor, theirs: np.ndarray, atol: float = 1e-6) -> float
     return float(((ours.detach().double() - b).abs() / (atol / 1e-5 + b.abs())).max()) if b.numel() else 0.0
 
 
-def check_case(path: Path, fused: bool = True) -> CaseResult:
-    """Run one reference case through our layer (float32, as the authors did)."""
+def check_case(path: Path, impl: str = "fast") -> CaseResult:
+    """Run one reference case through our layer (float32, as the authors did) with ``impl``."""
     layer, d = load_reference(path)
-    layer.fused = fused
+    layer.impl = impl
     x = torch.tensor(d["x"], dtype=torch.float32, requires_grad=True)
     mask = torch.tensor(d["mask"]).bool() if "mask" in d else None
     out = layer(x, mask)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 import primal_attention as pa
-from primal_attention.analysis import diagnostics as dg
+from primal_attention.ksvd import diagnostics as dg
 
 
 def stationary_point(n: int = 12, p: int = 5, s: int = 3):
@@ -61,7 +61,7 @@ def test_ksvd_diagnostics_of_a_model(tiny_classifier, ragged_data) -> None:
     model = tiny_classifier(("softmax", "primal", "primal"))
     model.train()
     data = ragged_data()
-    diag = dg.ksvd_diagnostics(model, {"x": data.x, "mask": data.mask})
+    diag = dg.ksvd_diagnostics(model, data.batch(torch.arange(len(data))))
     assert model.training  # mode restored
     names = [n for n, _ in pa.primal_layers(model)]
     assert names == ["encoder.blocks.1.attn", "encoder.blocks.2.attn"]
@@ -84,5 +84,5 @@ def test_ksvd_diagnostics_of_a_model(tiny_classifier, ragged_data) -> None:
     # The per-head residuals average to the layer residual (equal heads weights).
     h = [diag[f"{names[0]}.res_we.h{i}"] for i in range(2)]
     assert abs(sum(h) / 2 - diag[f"{names[0]}.res_we"]) < 1e-12
-    assert not any(k.endswith(".h0") for k in dg.ksvd_diagnostics(model, {"x": data.x, "mask": data.mask}, per_head=False))
-    assert dg.ksvd_diagnostics(tiny_classifier(("softmax", "softmax")), {"x": data.x, "mask": data.mask}) == {}
+    assert not any(k.endswith(".h0") for k in dg.ksvd_diagnostics(model, data.batch(torch.arange(len(data))), per_head=False))
+    assert dg.ksvd_diagnostics(tiny_classifier(("softmax", "softmax")), data.batch(torch.arange(len(data)))) == {}

@@ -1,0 +1,14 @@
+"""The KSVD side of Primal-Attention: the loss over a model and how close layers are to a solution.
+
+* :mod:`~primal_attention.ksvd.loss`: :func:`ksvd_loss` (consumes every recorded primal forward),
+  :func:`ksvd_objectives` (latest forward per layer), :func:`primal_layers`;
+* :mod:`~primal_attention.ksvd.diagnostics`: J, Λ and the stationarity (KKT) residuals.
+
+The objective of one forward is :func:`primal_attention.functional.ksvd_objective` (fast) or
+:func:`primal_attention.reference.ksvd_objective` (reference), docs/method.md §4.
+"""
+
+from primal_attention.ksvd.diagnostics import KKTResiduals, ksvd_diagnostics, stationarity_residuals
+from primal_attention.ksvd.loss import ksvd_loss, ksvd_objectives, primal_layers
+
+__all__ = ["KKTResiduals", "ksvd_diagnostics", "ksvd_loss", "ksvd_objectives", "primal_layers", "stationarity_residuals"]

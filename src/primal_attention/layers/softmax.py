@@ -1,0 +1,114 @@
+"""Canonical softmax attention, with the interface every attention layer here shares.
+
+Built as ``Cls(embed_dim, num_heads, *, max_seq_len=None, dropout=0.0, bias=True, causal=False,
+**options)`` and called as ``forward(x, mask=None)`` with x: (B, N, D) and mask: (B, N) bool,
+True = real token. Padding output rows equal ``out_proj.bias``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from primal_attention.layers.checks import check_heads, check_input, resolve_mask
+from primal_attention.layers.registry import register_attention
+
+
+@register_attention("softmax")
+class SoftmaxAttention(nn.Module):
+    """Canonical multi-head softmax attention, ``softmax(q kᵀ / √d) v``.
+
+    ``fused=True`` runs PyTorch's ``scaled_dot_product_attention`` (flash / memory-efficient kernels
+    where available, no N×N matrix kept); ``fused=False`` materialises the N×N attention matrix,
+    as the classic implementation and the paper's Transformer baseline do.
+
+    Shapes: forward x (B, N, D), mask (B, N) bool (True = real token) -> (B, N, D). Padding keys get
+    no weight; padding output rows are zeroed before out_proj (they equal ``out_proj.bias``).
+    """
+
+    def __init__(
+        self,
+        embed_dim: int,
+        num_heads: int,
+        *,
+        max_seq_len: int | None = None,
+        causal: bool = False,
+        bias: bool = True,
+        dropout: float = 0.0,
+        fused: bool = True,
+        check_finite: bool = False,
+    ) -> None:
+        super().__init__()
+        check_heads(embed_dim, num_heads, type(self).__name__)
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"{type(self).__name__}: dropout must be in [0, 1), got {dropout}")
+        self.embed_dim = embed_dim
+        self.num_heads = num_heads
+        self.head_dim = embed_dim // num_heads
+        self.causal = causal
+        self.dropout = dropout
+        self.fused = fused
+        self.check_finite = check_finite
+        self.q_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
+        self.k_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
+        self.v_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
+        self.out_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
+
+    def keep_mask(self, mask: Tensor | None, seq_len: int, device: torch.device) -> Tensor | None:
+        """Boolean "may attend" mask broadcastable to (B, H, N, N), or None for is_causal / no mask.
+
+        Every query keeps at least one key (itself), so no row is empty and no NaN appears; the
+        rows where that matters are padding and are zeroed afterwards.
+        """
+        if mask is None:
+            if not self.causal:
+                return None
+            return torch.ones(seq_len, seq_len, dtype=torch.bool, device=device).tril()
+        keep = mask[:, None, None, :]  # (B, 1, 1, N)
+        if self.causal:
+            tril = torch.ones(seq_len, seq_len, dtype=torch.bool, device=device).tril()
+            return (keep & tril) | torch.eye(seq_len, dtype=torch.bool, device=device)
+        # A fully padded sample attends everywhere (its rows are zeroed anyway).
+        return keep | ~mask.any(dim=1)[:, None, None, None]
+
+    def forward(self, x: Tensor, mask: Tensor | None = None, *, attn_mask: Tensor | None = None) -> Tensor:
+        """x: (B, N, D); mask (or timm's attn_mask): (B, N) bool, True = real token -> (B, N, D)."""
+        name = type(self).__name__
+        mask = resolve_mask(mask, attn_mask, name)
+        check_input(x, mask, self.embed_dim, check_finite=self.check_finite, name=name)
+        batch, seq_len, dim = x.shape
+
+        def heads(t: Tensor) -> Tensor:
+            return t.view(batch, seq_len, self.num_heads, self.head_dim).transpose(1, 2)
+
+        q, k, v = heads(self.q_proj(x)), heads(self.k_proj(x)), heads(self.v_proj(x))
+        p = self.dropout if self.training else 0.0
+        if self.fused:
+            if mask is None and self.causal:
+                y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
+            else:
+                y = F.scaled_dot_product_attention(q, k, v, attn_mask=self.keep_mask(mask, seq_len, x.device), dropout_p=p)
+        else:
+            scores = (q @ k.transpose(-2, -1)) / math.sqrt(self.head_dim)
+            keep = self.keep_mask(mask, seq_len, x.device)
+            if keep is not None:
+                scores = scores.masked_fill(~keep, float("-inf"))
+            y = F.dropout(scores.softmax(dim=-1), p=p, training=p > 0) @ v
+        y = y.transpose(1, 2).reshape(batch, seq_len, dim)
+        if mask is not None:
+            y = y * mask[:, :, None].to(y.dtype)
+        return self.out_proj(y)
+
+
+@register_attention("softmax_materialized")
+class MaterializedSoftmaxAttention(SoftmaxAttention):
+    """:class:`SoftmaxAttention` that forms the N×N matrix (the paper's Transformer baseline)."""
+
+    def __init__(self, embed_dim: int, num_heads: int, **options: Any) -> None:
+        if options.pop("fused", False):
+            raise ValueError("MaterializedSoftmaxAttention is never fused; use SoftmaxAttention")
+        super().__init__(embed_dim, num_heads, fused=False, **options)

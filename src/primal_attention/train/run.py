@@ -1,0 +1,68 @@
+"""Load a trained run (or a config) back: the one sequence behind ``primal eval`` and ``primal spectrum``.
+
+find the run -> its config -> the data splits -> the device -> the model -> its weights.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from primal_attention.train.checkpoint import CheckpointError, find_run, load_run_weights
+from primal_attention.train.config import ExperimentConfig, load_config
+from primal_attention.train.data import Splits, build_model, build_splits
+from primal_attention.train.trainer import resolve_device
+
+
+@dataclass
+class LoadedRun:
+    """A run ready to evaluate or analyse.
+
+    source: the path given; weights: "best" (holdout selection), "model" (last) or "init" (a
+    config, freshly initialised with ``train.seed``); checkpoint: the checkpoint directory or None.
+    """
+
+    cfg: ExperimentConfig
+    splits: Splits
+    model: nn.Module
+    device: torch.device
+    source: Path
+    weights: str
+    checkpoint: Path | None
+
+
+def load_run(path: str | Path, *, overrides: list[str] | None = None, last: bool = False) -> LoadedRun:
+    """Resolve ``path``: a run directory (config.yaml + checkpoints/, its latest checkpoint), a
+    ``ckpt-*`` directory (its run two levels up), or a YAML config (a model initialised with
+    ``train.seed``, no training). ``overrides`` (KEY=VALUE) apply to a config only. Holdout runs
+    load their selected best weights unless ``last``.
+
+    Raises:
+        CheckpointError: nothing loadable at ``path``, or weights that do not fit the config.
+        ConfigError, DataError: from the config and the data it names.
+    """
+    path = Path(path)
+    if path.is_file() and path.suffix in (".yaml", ".yml"):
+        cfg = load_config(path, overrides)
+        ckpt = None
+    else:
+        if overrides:
+            raise CheckpointError("--set applies to a config file, not to a trained run (its config is fixed)")
+        try:
+            run_dir, ckpt = find_run(path)
+        except CheckpointError as err:
+            raise CheckpointError(f"{err}, and {path} is not a .yaml config") from err
+        cfg = load_config(run_dir / "config.yaml")
+    if cfg.train.threads:
+        torch.set_num_threads(cfg.train.threads)
+    splits = build_splits(cfg)
+    device = resolve_device(cfg.train.device)
+    torch.manual_seed(cfg.train.seed)
+    model = build_model(cfg, splits.train).to(device)
+    if ckpt is None:
+        return LoadedRun(cfg, splits, model, device, path, "init", None)
+    which = load_run_weights(model, ckpt, last=last)
+    return LoadedRun(cfg, splits, model, device, path, which, ckpt)
