@@ -1,5 +1,5 @@
 """Write configs/lra/*.yaml: the five LRA tasks × {Transformer, PrimalFormer, Primal.+Trans.} with the
-authors' settings (DESIGN.md §5, issue 5), each also as a labelled ``_cpu`` variant that fits a 2-core CPU.
+authors' settings (docs/method.md §5, issue 5), each also as a labelled ``_cpu`` variant that fits a 2-core CPU.
 
 Run from the repository root: ``.venv/bin/python scripts/make_lra_configs.py``.
 """

@@ -1,5 +1,5 @@
 """Write configs/uea/*.yaml: the ten datasets of the paper's Table 1 × {Transformer, PrimalFormer,
-Primal.+Trans.} with the authors' settings (DESIGN.md §5), plus the real stand-ins we can run here.
+Primal.+Trans.} with the authors' settings (docs/method.md §5), plus the real stand-ins we can run here.
 
 Run from the repository root: ``.venv/bin/python scripts/make_uea_configs.py``.
 """
@@ -60,7 +60,7 @@ def main() -> None:
             ("primalformer", "primalformer", pf, "adam" if paper == "SpokenArabicDigits" else "radam"),
             ("primal+", "primal+", pt, "radam"),
         ):
-            note = f"Paper Table 1, {kind} on {label}, authors' settings (DESIGN.md §5){stand_in}."
+            note = f"Paper Table 1, {kind} on {label}, authors' settings (docs/method.md §5){stand_in}."
             cfg = experiment(f"{label}_{tag}", family, dataset, kind, s, eta, m, epochs, optimizer, note)
             text = f"# {cfg.pop('_note')}\n" + yaml.safe_dump(cfg, sort_keys=False)
             (out / f"{label}_{tag}.yaml").write_text(text)

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import yaml
 
-from primal_attention.train.results import percent_cell, run_stored, stored
+from primal_attention.train.experiments import run_stored, stored
+from primal_attention.train.stats import percent_cell
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = ROOT / "docs" / "results" / "lra_runs"
@@ -26,7 +27,7 @@ WORK = ROOT / "runs" / "results_lra"
 TABLE = ROOT / "docs" / "results" / "lra.md"
 TASKS = ["listops", "text", "retrieval", "image", "pathfinder"]
 MODELS = {"transformer": "Transformer", "primalformer": "PrimalFormer", "primal+": "Primal.+Trans."}
-PAPER = {  # accuracy %, paper Table 2 (DESIGN.md §5 lists ListOps, Image, Pathfinder)
+PAPER = {  # accuracy %, paper Table 2 (docs/method.md §5 lists ListOps, Image, Pathfinder)
     "listops": {"transformer": 37.1, "primalformer": 37.3, "primal+": 37.3},
     "image": {"transformer": 38.2, "primalformer": 43.0, "primal+": 43.9},
     "pathfinder": {"transformer": 74.2, "primalformer": 68.3, "primal+": 74.3},
@@ -61,7 +62,7 @@ def write_table() -> None:
         "# Long Range Arena (paper Table 2) — CPU-scale reproduction, measured here",
         "",
         "Regenerate: `.venv/bin/python scripts/results_lra.py` (resumable; `--table-only` rewrites this file",
-        "from `docs/results/lra_runs/`). Model (authors' LRA settings, DESIGN.md §5): D 64, H 2, 2 pre-norm",
+        "from `docs/results/lra_runs/`). Model (authors' LRA settings, docs/method.md §5): D 64, H 2, 2 pre-norm",
         "layers, MLP 128, mean pooling, learned positions, AdamW (eps 1e-6, wd 0), linear one-cycle schedule",
         "with warmup, per-task s / η from the authors' scripts, m 10, KSVD batch reduction.",
         "",

@@ -27,7 +27,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from primal_attention.train.results import mean_std
+from primal_attention.train.stats import mean_std
 
 ROOT = Path(__file__).resolve().parents[1]
 WORK = ROOT / "runs" / "spectrum"
@@ -421,7 +421,7 @@ def report(exps: dict) -> None:
                   "eval mode. J_authors: the authors' J of the batch (Λ squared, means; what the loss squares under the "
                   "\"batch\" reduction), J_rms: √mean_b J_b² (what the \"sample\" reduction squares), J_paper: the paper's "
                   "form (sums, trace on W_{e|X}). res_e = ‖W_{e|X} − Φ_kᵀRΛ‖_F/‖W_{e|X}‖_F, res_r = ‖W_{r|X} − Φ_qᵀEΛ‖_F/"
-                  "‖W_{r|X}‖_F per (sample, head) on the real tokens, averaged (DESIGN.md §4; 0 = a KSVD stationary "
+                  "‖W_{r|X}‖_F per (sample, head) on the real tokens, averaged (docs/method.md §4; 0 = a KSVD stationary "
                   "point); *scaled*: after the best common factor c ≥ 0 on Λ (c is listed; 1.0 = scale-free residual "
                   "equals the plain one).", "",
                   "| model | layer | J_authors | J_rms | J_paper | Λ mean | res_e | res_r | res_e scaled | res_r scaled | c |",
@@ -476,7 +476,7 @@ def overall_verdict(exps: dict, outcomes: dict[str, tuple[bool | None, dict]]) -
         "of Σσ² of each model's N×N matrix (fewer = sharper), " + "; ".join(parts) + ". "
         "The regulariser does what its loss asks — it drives J toward 0 (η > 0 vs η 0, mean over layers: "
         + "; ".join(diag) + ") — but J = 0 is one scalar equation per layer, and the layers stay as far from the "
-        "KSVD stationarity conditions of DESIGN.md §4 with it as without it: the scale-free residual ≈ 1 means "
+        "KSVD stationarity conditions of docs/method.md §4 with it as without it: the scale-free residual ≈ 1 means "
         "W_{e|X} is close to orthogonal to Φ_kᵀRΛ (and W_{r|X} to Φ_qᵀEΛ), i.e. the trained layers are not KSVD "
         "solutions, so nothing forces their kernel toward a low-rank SVD structure. Limits of this test: short, "
         "labelled CPU schedules (not the paper's 100 epochs / long LRA runs), small models, few seeds, short "

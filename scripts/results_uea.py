@@ -16,15 +16,15 @@ import argparse
 import statistics
 from pathlib import Path
 
-from primal_attention.train.results import percent_cell as cell
-from primal_attention.train.results import run_stored, stored
+from primal_attention.train.stats import percent_cell as cell
+from primal_attention.train.experiments import run_stored, stored
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = ROOT / "docs" / "results" / "uea_runs"
 WORK = ROOT / "runs" / "results_uea"
 TABLE = ROOT / "docs" / "results" / "uea.md"
 MODELS = {"transformer": "Transformer", "primalformer": "PrimalFormer", "primal+": "Primal.+Trans."}
-PAPER = {  # accuracy %, DESIGN.md §5 (paper Table 1)
+PAPER = {  # accuracy %, docs/method.md §5 (paper Table 1)
     "JapaneseVowels": {"transformer": 98.7, "primalformer": 98.4, "primal+": 98.9},
 }
 DATASETS = ["JapaneseVowels", "BasicMotions", "FSDD"]  # --datasets picks what runs; the table covers all
@@ -44,7 +44,7 @@ def write_table() -> None:
         "# UEA time-series classification (paper Table 1) — measured here",
         "",
         "Regenerate: `.venv/bin/python scripts/results_uea.py` (resumable; `--table-only` rewrites this file",
-        "from the stored runs in `docs/results/uea_runs/`). Settings: the authors' (DESIGN.md §5) —",
+        "from the stored runs in `docs/results/uea_runs/`). Settings: the authors' (docs/method.md §5) —",
         "D 512, H 8, FFN 2048, 2 post-norm layers, dropout 0.1, learnable positional encoding, flatten head,",
         "RAdam (Adam for PrimalFormer on FSDD, the authors' SpokenArabicDigits setting) lr 1e-3, batch 16, grad-norm clip 4, per-dataset s / η / m from the authors' scripts.",
         "Wall time: CPU, one thread per run (each stored run's command says `train.threads`), usually with",

@@ -14,9 +14,8 @@ from primal_attention.selfcheck import reference_files
 from primal_attention.data.base import SequenceData
 
 ROOT = Path(__file__).resolve().parents[1]
-EXTRA_REFERENCE_DIRS = [ROOT.parent / "shared" / "reference"] + (
-    [Path(os.environ["PRIMAL_REFERENCE_DIR"])] if os.environ.get("PRIMAL_REFERENCE_DIR") else []
-)
+#: further reference cases in the bundled format, from wherever a user keeps them.
+EXTRA_REFERENCE_DIRS = [Path(os.environ["PRIMAL_REFERENCE_DIR"])] if os.environ.get("PRIMAL_REFERENCE_DIR") else []
 
 
 def all_reference_files() -> list[Path]:

@@ -1,7 +1,7 @@
 """Fast kernels of Primal-Attention and its KSVD objective.
 
 The math is :mod:`primal_attention.reference`; this module computes the same numbers with fewer
-passes over memory (DESIGN.md §4, efficiency note):
+passes over memory (docs/method.md §4, efficiency note):
 
 * The score tensors e, r (B, H, N, s) are never formed. Per sample and head the map
   ``q̂ ↦ e ↦ mix ↦ out_proj`` is linear, so it folds into one (2D, D) matrix ``A`` per sample
@@ -97,7 +97,7 @@ def _gram_into(gram_b: Tensor, f: Tensor, fw: Tensor, groups: int) -> None:
 class _FoldedPrimal(torch.autograd.Function):
     """The rows-sized part of the folded layer, with a hand-written backward.
 
-    Forward, per chunk of rows (DESIGN.md §2 steps 1, 2, 4, 5 and §4 efficiency note):
+    Forward, per chunk of rows (docs/method.md §2 steps 1, 2, 4, 5 and §4 efficiency note):
         qk = x W_qkᵀ + b_qk                              (skipped when wqk is None: x is qk)
         f = qk / max(‖qk‖_group, eps)                    per group of d channels (F.normalize)
         gram[b, g] += Σ_i w_i f_{i,g} f_{i,g}ᵀ           (only when need_gram)
@@ -328,9 +328,7 @@ def primal_attention(
         qk = _causal_prefix_mean(qk, real)
     features = F.normalize(qk.view(batch, seq_len, 2 * heads, d), p=2.0, dim=-1, eps=EPS)
     features = features.view(batch, seq_len, 2 * dim)
-    out = mix_and_project(
-        features, proj, weights, heads=heads, real=real, dropout_p=dropout_p, training=training, fold_out=False
-    )
+    out = mix_and_project(features, proj, weights, heads=heads, real=real, dropout_p=dropout_p, training=training)
     return out, PrimalCache(features, proj, token_weight, None, seq_len)
 
 
@@ -398,48 +396,29 @@ def mix_and_project(
     real: Tensor | None = None,
     dropout_p: float = 0.0,
     training: bool = False,
-    fold_out: bool | None = None,
 ) -> Tensor:
-    """Scores, mix and output projection from the features: (B, N, 2D) -> (B, N, D).
+    """Scores, mix and output projection from the features, head by head: (B, N, 2D) -> (B, N, D).
 
-    proj: (B or 1, 2, H, d, s); real: (B, N) float padding weights or None. For long sequences and
-    without active dropout the whole map folds into one (2D, D) matrix per sample (DESIGN.md §4,
-    efficiency note); otherwise each head applies its (2d, d) map and out_proj follows.
+    proj: (B or 1, 2, H, d, s); real: (B, N) float padding weights or None. Each head applies its
+    (2d, d) map ``[q̂ | k̂] ↦ mix([e; r])``, padding rows are zeroed, dropout (when training) and
+    out_proj follow. The per-head path of short sequences, active dropout and :meth:`step`; long
+    sequences take the folded path (:class:`_FoldedPrimal`).
     """
     batch, seq_len, two_dim = features.shape
     dim = two_dim // 2
     d = dim // heads
     s = weights.lam.shape[-1]
-
-    # Folding out_proj costs 2·d·D² per sample to build and saves one (B, N, D) pass: it pays only
-    # for long sequences relative to the width (measured: 3x slower at N 29, D 512; 1.5x faster at
-    # N 4096, D 64).
-    if fold_out is None:
-        fold_out = seq_len >= 16 * dim
-    fold_out = fold_out and not (training and dropout_p > 0.0)
-    if not fold_out:
-        mix = weights.mix_weight.view(d, 2, s).permute(1, 0, 2)  # (2, d, s): C_e, C_r
-        head_map = torch.einsum("bghcs,ges->bghce", proj, mix)  # (B|1, 2, H, d, d)
-        f = features.view(batch, seq_len, 2, heads, d)
-        mixed = torch.einsum("bnghc,bghce->bnhe", f, head_map.expand(batch, -1, -1, -1, -1))
-        if weights.mix_bias is not None:
-            mixed = mixed + weights.mix_bias
-        if real is not None:
-            mixed = mixed * real[:, :, None, None]
-        if training and dropout_p > 0.0:
-            mixed = F.dropout(mixed, p=dropout_p, training=True)
-        return F.linear(mixed.reshape(batch, seq_len, dim), weights.out_weight, weights.out_bias)
-
-    fold = _fold_matrix(proj, weights, heads)
-    out = features @ fold if fold.shape[0] == batch else features @ fold[0]
-    # Under autocast the matmul gives bf16/fp16; keep the elementwise tail in that dtype.
+    mix = weights.mix_weight.view(d, 2, s).permute(1, 0, 2)  # (2, d, s): C_e, C_r
+    head_map = torch.einsum("bghcs,ges->bghce", proj, mix)  # (B|1, 2, H, d, d)
+    f = features.view(batch, seq_len, 2, heads, d)
+    mixed = torch.einsum("bnghc,bghce->bnhe", f, head_map.expand(batch, -1, -1, -1, -1))
     if weights.mix_bias is not None:
-        out = out + torch.einsum("e,ohe->o", weights.mix_bias, weights.out_weight.view(dim, heads, d)).to(out.dtype)
+        mixed = mixed + weights.mix_bias
     if real is not None:
-        out = out * real[:, :, None].to(out.dtype)
-    if weights.out_bias is not None:
-        out = out + weights.out_bias.to(out.dtype)
-    return out
+        mixed = mixed * real[:, :, None, None]
+    if training and dropout_p > 0.0:
+        mixed = F.dropout(mixed, p=dropout_p, training=True)
+    return F.linear(mixed.reshape(batch, seq_len, dim), weights.out_weight, weights.out_bias)
 
 
 def ksvd_objective(

@@ -1,4 +1,4 @@
-"""The reference math of Primal-Attention, written straight from DESIGN.md §2–§4.
+"""The reference math of Primal-Attention, written straight from docs/method.md §2–§4.
 
 Slow, readable, float64-friendly. Nothing here is optimised: every score is materialised, every
 einsum names its axes. The fast path in :mod:`primal_attention.functional` is held to this module by
@@ -119,7 +119,7 @@ def primal_attention(
         x: (B, N, D) module input.
         weights: the layer's parameters, see :class:`PrimalWeights`.
         heads: H.
-        causal: prefix-mean feature map with static W_e, W_r (DESIGN.md §3) instead of sampled
+        causal: prefix-mean feature map with static W_e, W_r (docs/method.md §3) instead of sampled
             data-dependent projections (§2).
         mask: (B, N) bool, True = real token, or None.
         sampling: "uniform" (authors: positions over all N, padding included in the KSVD means) or
@@ -171,7 +171,7 @@ def ksvd_objective(
     reduction: str = "batch",
     form: str = "authors",
 ) -> Tensor:
-    """Reference KSVD objective J of one layer (DESIGN.md §4).
+    """Reference KSVD objective J of one layer (docs/method.md §4).
 
     form="authors" (default, reproduces the published numbers):
         J = ½·mean_{h,i} ‖λ_h ⊙ e_{h,i}‖² + ½·mean_{h,i} ‖λ_h ⊙ r_{h,i}‖² − Tr(mean_h W_e[h]ᵀ W_r[h])

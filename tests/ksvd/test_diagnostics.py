@@ -9,7 +9,7 @@ from primal_attention.ksvd import diagnostics as dg
 
 
 def stationary_point(n: int = 12, p: int = 5, s: int = 3):
-    """DESIGN.md §4: K = Φ_q Φ_kᵀ = U Σ Vᵀ, W_e = Φ_kᵀ V_s, W_r = Φ_qᵀ U_s, Λ = Σ_s⁻¹ (B = H = 1)."""
+    """docs/method.md §4: K = Φ_q Φ_kᵀ = U Σ Vᵀ, W_e = Φ_kᵀ V_s, W_r = Φ_qᵀ U_s, Λ = Σ_s⁻¹ (B = H = 1)."""
     torch.manual_seed(0)
     phi_q = torch.randn(n, p, dtype=torch.float64)
     phi_k = torch.randn(n, p, dtype=torch.float64)

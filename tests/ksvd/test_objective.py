@@ -157,7 +157,7 @@ def test_fast_path_never_forms_the_score_tensors(causal) -> None:
 
 
 def test_stationary_point_gives_zero_paper_objective() -> None:
-    """DESIGN.md §4: at a KSVD solution (singular vectors of K = Φ_q Φ_kᵀ) J = 0 exactly."""
+    """docs/method.md §4: at a KSVD solution (singular vectors of K = Φ_q Φ_kᵀ) J = 0 exactly."""
     torch.manual_seed(0)
     n, p, s = 12, 5, 3
     phi_q = torch.randn(n, p, dtype=torch.float64)

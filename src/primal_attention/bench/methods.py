@@ -25,7 +25,7 @@ class MethodSpec:
     primal: bool = False  # has a KSVD term (added to the loss as in training)
 
 
-#: rank 20, n = 200 (rank_multi 10): the ListOps settings of the authors (DESIGN.md §5).
+#: rank 20, n = 200 (rank_multi 10): the ListOps settings of the authors (docs/method.md §5).
 PRIMAL_OPTIONS: dict[str, Any] = {"rank": 20, "rank_multi": 10}
 
 METHODS: dict[str, MethodSpec] = {

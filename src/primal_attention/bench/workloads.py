@@ -29,7 +29,7 @@ LEVELS = ("layer", "train", "infer")
 DTYPES = ("fp32", "bf16")
 MODES = ("eager", "compile")
 
-#: ListOps (DESIGN.md §5): vocabulary of the brackets tokenisation, 10 classes.
+#: ListOps (docs/method.md §5): vocabulary of the brackets tokenisation, 10 classes.
 VOCAB_SIZE = 16
 NUM_CLASSES = 10
 ETA = 0.1

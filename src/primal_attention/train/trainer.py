@@ -40,7 +40,7 @@ from primal_attention.train.checkpoint import (
 )
 from primal_attention.train.config import ExperimentConfig, dump_config
 from primal_attention.train.data import Splits, build_model, build_splits
-from primal_attention.train.results import mean_std
+from primal_attention.train.stats import mean_std
 
 
 def resolve_device(name: str) -> torch.device:
