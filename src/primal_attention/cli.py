@@ -69,13 +69,17 @@ def _train(args: argparse.Namespace) -> int:
     from primal_attention.data.base import DataError
     from primal_attention.train.checkpoint import CheckpointError
     from primal_attention.train.config import ConfigError, load_config
-    from primal_attention.train.trainer import run_seeds
+    from primal_attention.train.trainer import Interrupted, RunError, run_seeds
 
     try:
         cfg = load_config(args.config, args.set)
         out = Path(args.out) if args.out else Path("runs") / cfg.name
-        summary = run_seeds(cfg, out, args.seeds or [cfg.train.seed], resume=args.resume)
-    except (CheckpointError, ConfigError, DataError) as err:
+        summary = run_seeds(cfg, out, args.seeds or [cfg.train.seed], resume=args.resume, overwrite=args.overwrite)
+    except Interrupted as stop:
+        print(f"primal train: {stop}; continue with --resume (primal train {args.config} --out {out} --resume)",
+              file=sys.stderr)
+        return 130
+    except (CheckpointError, ConfigError, DataError, RunError) as err:
         print(f"primal train: error: {err}", file=sys.stderr)
         return 2
     if int(__import__("os").environ.get("RANK", "0")) == 0:
@@ -87,24 +91,36 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
-def _eval(args: argparse.Namespace) -> int:
-    from primal_attention.data.base import DataError
+def _eval_one(path: Path, last: bool) -> dict:
     from primal_attention.train.checkpoint import CheckpointError
-    from primal_attention.train.config import ConfigError
     from primal_attention.train.run import load_run
     from primal_attention.train.trainer import evaluate
 
-    try:
-        run = load_run(Path(args.checkpoint), last=args.last)
-        if run.checkpoint is None:
-            raise CheckpointError(f"{args.checkpoint} is a config, not a trained run")
-    except (CheckpointError, ConfigError, DataError) as err:
-        print(f"primal eval: error: {err}", file=sys.stderr)
-        return 2
+    run = load_run(path, last=last)
+    if run.checkpoint is None:
+        raise CheckpointError(f"{path} is a config, not a trained run")
     result = {"checkpoint": str(run.checkpoint), "weights": run.weights}
     for name, data in (("val", run.splits.val), ("test", run.splits.test)):
         if data is not None:
             result[name] = evaluate(run.model, data, run.cfg.train.eval_batch_size, run.device)
+    return result
+
+
+def _eval(args: argparse.Namespace) -> int:
+    from primal_attention.data.base import DataError
+    from primal_attention.train.checkpoint import CheckpointError
+    from primal_attention.train.config import ConfigError
+
+    path = Path(args.checkpoint)
+    seeds = sorted(d for d in path.glob("seed_*") if (d / "config.yaml").is_file()) if path.is_dir() else []
+    try:
+        if seeds and not (path / "config.yaml").is_file():  # the folder `primal train --out` wrote
+            result = {d.name: _eval_one(d, args.last) for d in seeds}
+        else:
+            result = _eval_one(path, args.last)
+    except (CheckpointError, ConfigError, DataError) as err:
+        print(f"primal eval: error: {err}", file=sys.stderr)
+        return 2
     print(json.dumps(result, indent=2))
     return 0
 
@@ -141,19 +157,35 @@ def _spectrum(args: argparse.Namespace) -> int:
                             group_size=args.group_size, out=args.out, last=args.last, overrides=args.set)
 
 
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from err
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def _directory(text: str) -> str:
+    if not Path(text).is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is not a directory")
+    return text
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="primal", description="Primal-Attention: train, benchmark, analyse.")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("selfcheck", help="reproduce the authors' reference vectors and time the layer")
-    p.add_argument("--reference-dir", action="append", default=[], help="extra directory of reference .npz files")
-    p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--seq-len", type=int, default=4096)
-    p.add_argument("--dim", type=int, default=64)
-    p.add_argument("--heads", type=int, default=2)
-    p.add_argument("--rank", type=int, default=20)
-    p.add_argument("--num-samples", type=int, default=200)
-    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--reference-dir", action="append", default=[], type=_directory, help="extra directory of reference .npz files")
+    p.add_argument("--batch", type=_positive, default=8)
+    p.add_argument("--seq-len", type=_positive, default=4096)
+    p.add_argument("--dim", type=_positive, default=64)
+    p.add_argument("--heads", type=_positive, default=2)
+    p.add_argument("--rank", type=_positive, default=20)
+    p.add_argument("--num-samples", type=_positive, default=200)
+    p.add_argument("--repeats", type=_positive, default=5)
     p.add_argument("--json", help="write the timing as JSON here")
     p.set_defaults(func=_selfcheck)
 
@@ -162,7 +194,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config value, e.g. train.epochs=5")
     p.add_argument("--out", help="output directory (default runs/<name>)")
     p.add_argument("--seeds", type=_seeds, help="comma-separated seeds, e.g. 0,1,2 (default: train.seed)")
-    p.add_argument("--resume", action="store_true", help="continue interrupted runs, skip finished seeds")
+    p.add_argument("--resume", action="store_true",
+                   help="continue interrupted runs, skip finished seeds (the config must be the one they were trained with)")
+    p.add_argument("--overwrite", action="store_true", help="remove runs already in --out (checkpoints, TensorBoard) first")
     p.set_defaults(func=_train)
 
     data = sub.add_parser("data", help="prepare datasets")
@@ -172,7 +206,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data-dir", help="UEA: where to download the archive files (default: the cache)")
     p.set_defaults(func=_data_fetch)
 
-    p = sub.add_parser("eval", help="evaluate a checkpoint (a run directory or a ckpt-* directory)")
+    p = sub.add_parser("eval", help="evaluate a trained run: a seed's run directory, a ckpt-* directory, or the --out folder of primal train (every seed)")
     p.add_argument("checkpoint")
     p.add_argument("--last", action="store_true", help="use the last weights even where a holdout-selected best exists")
     p.set_defaults(func=_eval)
@@ -180,9 +214,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("spectrum", help="singular value spectra of the attention layers and KSVD diagnostics")
     p.add_argument("target", help="a run directory (e.g. runs/x/seed_0), a ckpt-* directory, or a YAML config (untrained)")
     p.add_argument("--split", default="test", choices=("train", "val", "test"))
-    p.add_argument("--max-examples", type=int, default=200, help="analyse the first N examples of the split")
-    p.add_argument("--batch-size", type=int, default=16, help="examples per forward / batched SVD")
-    p.add_argument("--group-size", type=int, default=1, help="pool this many consecutive same-kind layers per curve")
+    p.add_argument("--max-examples", type=_positive, default=200, help="analyse the first N examples of the split")
+    p.add_argument("--batch-size", type=_positive, default=16, help="examples per forward / batched SVD")
+    p.add_argument("--group-size", type=_positive, default=1, help="pool this many consecutive same-kind layers per curve")
     p.add_argument("--out", help="output directory (default RUN_DIR/spectrum_<split>)")
     p.add_argument("--last", action="store_true", help="use the last weights even where a holdout-selected best exists")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a value of a config target")

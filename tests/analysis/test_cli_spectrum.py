@@ -44,7 +44,7 @@ def test_spectrum_cli_on_a_trained_run(tmp_path) -> None:
         assert (tmp_path / "spec" / f).is_file()
 
     # A ckpt-* directory gives the same analysis; the default output goes into the run.
-    ckpt = next((run / "checkpoints").glob("ckpt-*"))
+    ckpt = sorted((run / "checkpoints").glob("ckpt-*"))[-1]
     proc = cli("spectrum", str(ckpt), "--max-examples", "12")
     assert proc.returncode == 0, proc.stderr
     again = json.loads((run / "spectrum_test" / "spectrum.json").read_text())

@@ -378,6 +378,20 @@ def test_download_without_network_explains(monkeypatch):
         load_uea("Heartbeat", "train", download=True)
 
 
+def test_a_failed_download_leaves_no_folder(monkeypatch, tmp_path):
+    import aeon.datasets
+
+    def half(name, extract_path=None, **kwargs):
+        (Path(extract_path) / name).mkdir(parents=True)
+        (Path(extract_path) / name / "partial.zip").write_bytes(b"x")
+        raise OSError("connection reset")
+
+    monkeypatch.setattr(aeon.datasets, "load_classification", half)
+    with pytest.raises(DataError, match="connection reset"):
+        load_uea("Heartbeat", "train", data_dir=tmp_path, download=True)
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_download_lands_in_the_cache_and_is_reused(monkeypatch, tmp_path):
     import aeon.datasets
 
@@ -473,3 +487,21 @@ def test_stratified_split_properties(counts, fraction, seed):
             # rounding moves at most half an example, the clamp to [1, n - 1] a little more
             target = min(max(fraction * n, 1), n - 1)
             assert abs(n_held - target) <= 0.5 + 1e-9
+
+
+def test_infinite_values_are_an_error_at_load(tmp_path):
+    rng = np.random.default_rng(2)
+    cases = tiny_cases(rng, lengths=(3, 4), labels=("a", "b"))
+    cases[1][0][1, 2] = np.inf
+    write_ts(tmp_path / "Tiny_TRAIN.ts", cases)
+    write_ts(tmp_path / "Tiny_TEST.ts", tiny_cases(rng, lengths=(2,), labels=("a",)))
+    with pytest.raises(DataError, match=r"case 2, channel 1, step 2 is infinite"):
+        load_uea_splits("Tiny", data_dir=tmp_path)
+
+
+def test_a_label_outside_class_label_is_an_error(tmp_path):
+    rng = np.random.default_rng(3)
+    write_ts(tmp_path / "Tiny_TRAIN.ts", tiny_cases(rng, lengths=(3, 4, 2), labels=("a", "b", "c")), labels=["a", "b"])
+    write_ts(tmp_path / "Tiny_TEST.ts", tiny_cases(rng, lengths=(2,), labels=("a",)))
+    with pytest.raises(DataError, match=r"labels \['c'\] are not declared in @classLabel"):
+        load_uea_splits("Tiny", data_dir=tmp_path)

@@ -19,13 +19,16 @@ from primal_attention.train.checkpoint import (
 
 def test_round_trip_and_latest(tmp_path) -> None:
     model = nn.Linear(3, 2)
-    for step in (5, 10):
+    for step in (5, 10, 15):
         save_checkpoint(tmp_path, step, model, {"step": step}, best={"w": torch.ones(2)})
     ckpt = latest_checkpoint(tmp_path)
-    assert ckpt is not None and ckpt.name == "ckpt-00000010"
-    assert sorted(p.name for p in tmp_path.glob("ckpt-*")) == ["ckpt-00000010"]  # keep=1
+    assert ckpt is not None and ckpt.name == "ckpt-00000015"
+    assert sorted(p.name for p in tmp_path.glob("ckpt-*")) == ["ckpt-00000010", "ckpt-00000015"]  # keep=2
+    save_checkpoint(tmp_path, 20, model, {"step": 20}, best={"w": torch.ones(2)}, keep=1)
+    assert sorted(p.name for p in tmp_path.glob("ckpt-*")) == ["ckpt-00000020"]
+    ckpt = latest_checkpoint(tmp_path)
     weights, state, best = load_checkpoint(ckpt)
-    assert state == {"step": 10} and torch.equal(best["w"], torch.ones(2))
+    assert state == {"step": 20} and torch.equal(best["w"], torch.ones(2))
     other = nn.Linear(3, 2)
     load_weights(other, ckpt / "model.safetensors")
     assert torch.equal(other.weight, model.weight) and torch.equal(weights["bias"], model.bias.detach())
@@ -64,3 +67,17 @@ def test_find_run(tmp_path) -> None:
     ckpt = save_checkpoint(tmp_path / "checkpoints", 3, nn.Linear(1, 1), {})
     assert find_run(tmp_path) == (tmp_path, ckpt)
     assert find_run(ckpt) == (tmp_path, ckpt)
+
+
+def test_a_bad_latest_falls_back_to_the_newest_readable_checkpoint(tmp_path) -> None:
+    model = nn.Linear(3, 2)
+    for step in (1, 2):
+        save_checkpoint(tmp_path, step, model, {"step": step})
+    (tmp_path / "latest").write_text("ckpt-99999999")
+    assert latest_checkpoint(tmp_path).name == "ckpt-00000002"
+    (tmp_path / "ckpt-00000002" / "state.pt").write_bytes(b"garbage")
+    assert latest_checkpoint(tmp_path).name == "ckpt-00000001"
+    (tmp_path / "ckpt-00000001" / "model.safetensors").write_bytes(b"")
+    with pytest.raises(CheckpointError, match="none of the checkpoints"):
+        latest_checkpoint(tmp_path)
+    assert latest_checkpoint(tmp_path / "nothing") is None

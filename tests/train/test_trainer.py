@@ -118,8 +118,8 @@ def test_resume_after_sigkill_matches_uninterrupted_run(tmp_path) -> None:
     b = json.loads((out / "seed_0" / "metrics.json").read_text())
     for key in ("final_test_acc", "best_test_acc", "best_epoch", "steps", "ksvd_j_final"):
         assert a[key] == b[key], key
-    wa = load_file(str(next((tmp_path / "full" / "seed_0" / "checkpoints").glob("ckpt-*")) / "model.safetensors"))
-    wb = load_file(str(next(ckpts.glob("ckpt-*")) / "model.safetensors"))
+    wa = load_file(str(sorted((tmp_path / "full" / "seed_0" / "checkpoints").glob("ckpt-*"))[-1] / "model.safetensors"))
+    wb = load_file(str(sorted(ckpts.glob("ckpt-*"))[-1] / "model.safetensors"))
     for k in wa:
         assert torch.equal(wa[k], wb[k]), k
     ha = (tmp_path / "full" / "seed_0" / "history.csv").read_text()
@@ -141,8 +141,8 @@ def test_ddp_two_processes_equal_one(tmp_path) -> None:
     a = json.loads((tmp_path / "one" / "seed_0" / "metrics.json").read_text())
     b = json.loads((tmp_path / "two" / "seed_0" / "metrics.json").read_text())
     assert a["final_test_acc"] == pytest.approx(b["final_test_acc"], abs=1 / 370 + 1e-9)
-    wa = load_file(str(next((tmp_path / "one" / "seed_0" / "checkpoints").glob("ckpt-*")) / "model.safetensors"))
-    wb = load_file(str(next((tmp_path / "two" / "seed_0" / "checkpoints").glob("ckpt-*")) / "model.safetensors"))
+    wa = load_file(str(sorted((tmp_path / "one" / "seed_0" / "checkpoints").glob("ckpt-*"))[-1] / "model.safetensors"))
+    wb = load_file(str(sorted((tmp_path / "two" / "seed_0" / "checkpoints").glob("ckpt-*"))[-1] / "model.safetensors"))
     for k in wa:
         torch.testing.assert_close(wa[k], wb[k], rtol=1e-4, atol=1e-5, msg=k)
 

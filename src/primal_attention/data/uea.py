@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import importlib.util
+import shutil
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -206,8 +207,20 @@ def _read_ts(path: Path) -> tuple[list[np.ndarray], list[str]]:
         raise DataError(f"{path}: no series found (is the @data line missing?)")
     if len(y) != len(X):
         raise DataError(f"{path}: {len(X)} series but {len(y)} labels")
-    series = [_fill_missing(np.array(s, dtype=np.float64).T, path, i + 1) for i, s in enumerate(X)]
-    return series, [str(label) for label in y]
+    labels = [str(label) for label in y]
+    declared = {str(v) for v in header.get("class_values") or []}
+    undeclared = sorted(set(labels) - declared) if declared else []
+    if undeclared:
+        raise DataError(f"{path}: labels {undeclared} are not declared in @classLabel ({', '.join(sorted(declared))})")
+    series = []
+    for i, s in enumerate(X):
+        a = np.array(s, dtype=np.float64).T
+        if np.isinf(a).any():
+            step, channel = np.argwhere(np.isinf(a))[0]
+            raise DataError(f"{path}: case {i + 1}, channel {channel}, step {step} is infinite "
+                            "(missing values are written NaN or ?)")
+        series.append(_fill_missing(a, path, i + 1))
+    return series, labels
 
 
 def _class_order(labels: Sequence[str]) -> list[str]:
@@ -293,7 +306,13 @@ def _locate(name: str, data_dir: str | Path | None, download: bool) -> tuple[Pat
         if pair is not None:
             return (*pair, where)
     if download:
-        _download(name, target)
+        existed = (target / name).exists()
+        try:
+            _download(name, target)
+        except DataError:
+            if not existed:  # leave no empty or half-filled folder behind a failed download
+                shutil.rmtree(target / name, ignore_errors=True)
+            raise
         pair = _find_pair(target, name)
         if pair is None:
             raise DataError(

@@ -1,8 +1,12 @@
 """Atomic checkpoints: weights as safetensors, optimiser / scheduler / RNG / loop state beside them.
 
-A checkpoint is a directory ``ckpt-<step>/`` written under a temporary name and renamed into place;
-the file ``latest`` (replaced atomically) names the newest complete one. A run killed at any moment
-leaves either the previous or the new checkpoint, never a half-written one.
+A checkpoint is a directory ``ckpt-<step>/`` written under a temporary name, flushed to disk
+(fsync of its files and of the directory) and renamed into place; the file ``latest`` (replaced
+atomically) names the newest complete one. Older checkpoints are removed only after their successor
+is durable, and the newest ``keep`` (default 2) stay. A run killed at any moment leaves the previous
+or the new checkpoint, never a half-written one; a damaged ``latest`` falls back to the newest
+checkpoint that reads, and a directory with checkpoints none of which reads is an error, never a
+silent restart.
 """
 
 from __future__ import annotations
@@ -21,10 +25,21 @@ class CheckpointError(ValueError):
     """A checkpoint or run directory is missing, unreadable, or does not fit the model."""
 
 
+def _fsync(path: Path) -> None:
+    """Flush a file or a directory entry to disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def _write_text_atomic(path: Path, text: str) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(text)
+    _fsync(tmp)
     os.replace(tmp, path)
+    _fsync(path.parent)
 
 
 def state_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -38,9 +53,11 @@ def save_checkpoint(
     model: nn.Module,
     state: dict[str, Any],
     best: dict[str, torch.Tensor] | None = None,
-    keep: int = 1,
+    keep: int = 2,
 ) -> Path:
-    """Write ``directory/ckpt-<step>`` atomically and point ``latest`` at it; keep the newest ``keep``."""
+    """Write ``directory/ckpt-<step>`` durably and point ``latest`` at it; then keep the newest ``keep``."""
+    if keep < 1:
+        raise ValueError(f"save_checkpoint: keep must be >= 1, got {keep}")
     directory.mkdir(parents=True, exist_ok=True)
     final = directory / f"ckpt-{step:08d}"
     tmp = directory / f".ckpt-{step:08d}.tmp"
@@ -51,22 +68,50 @@ def save_checkpoint(
     if best is not None:
         save_file(best, str(tmp / "best.safetensors"))
     torch.save(state, tmp / "state.pt")
+    for f in tmp.iterdir():
+        _fsync(f)
+    _fsync(tmp)
     if final.exists():
         shutil.rmtree(final)
     os.replace(tmp, final)
+    _fsync(directory)
     _write_text_atomic(directory / "latest", final.name)
     for old in sorted(directory.glob("ckpt-*"))[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return final
 
 
+def _problem(ckpt: Path) -> str | None:
+    """Why a checkpoint directory does not load, or None when all its files are there and read."""
+    try:
+        load_checkpoint(ckpt)
+    except CheckpointError as err:
+        return str(err)
+    return None
+
+
 def latest_checkpoint(directory: Path) -> Path | None:
-    """The newest complete checkpoint in ``directory``, or None."""
+    """The newest complete checkpoint in ``directory``, or None when it holds none.
+
+    ``latest`` names it; when that pointer is missing or names a checkpoint that does not read, the
+    newest ``ckpt-*`` that reads is used instead. CheckpointError when checkpoints exist but none
+    of them reads (resuming must not silently restart from step 0).
+    """
     pointer = directory / "latest"
-    if not pointer.is_file():
-        return None
-    path = directory / pointer.read_text().strip()
-    return path if (path / "state.pt").is_file() else None
+    if pointer.is_file():
+        named = directory / pointer.read_text(errors="replace").strip()
+        if named.name.startswith("ckpt-") and named.parent == directory and _problem(named) is None:
+            return named
+    found = sorted(directory.glob("ckpt-*"), reverse=True) if directory.is_dir() else []
+    problems = []
+    for ckpt in found:
+        problem = _problem(ckpt)
+        if problem is None:
+            return ckpt
+        problems.append(problem)
+    if found:
+        raise CheckpointError(f"none of the checkpoints in {directory} reads: {'; '.join(problems)}")
+    return None
 
 
 def read_weights(file: Path) -> dict[str, torch.Tensor]:
@@ -127,6 +172,8 @@ def load_checkpoint(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]
 def find_run(path: Path) -> tuple[Path, Path]:
     """(run directory, checkpoint directory) for a run directory (its latest checkpoint) or a
     ``ckpt-*`` directory (its run two levels up). CheckpointError when neither is found."""
+    if not path.exists():
+        raise CheckpointError(f"{path} does not exist")
     run_dir = path if (path / "config.yaml").is_file() else path.parent.parent
     if not (run_dir / "config.yaml").is_file():
         raise CheckpointError(f"no config.yaml in {path} or {run_dir}")

@@ -114,6 +114,8 @@ class TrainConfig:
     #: Process-wide and left on after training: the process keeps its peak resident memory.
     retain_freed_memory: bool = True
     progress: bool = True
+    #: checkpoints kept per run (the newest ones; an older one goes only once its successor is on disk).
+    keep_checkpoints: int = 2
 
 
 @dataclass
@@ -141,6 +143,7 @@ class ExperimentConfig:
             ((self.train.epochs or 1) > 0 and (self.train.steps or 1) > 0, "train.epochs / train.steps must be positive"),
             (self.train.batch_size > 0 and self.train.eval_batch_size > 0, "batch sizes must be positive"),
             (self.train.eval_every > 0, "train.eval_every must be positive"),
+            (self.train.keep_checkpoints > 0, "train.keep_checkpoints must be positive"),
             (self.train.eta >= 0, "train.eta must be >= 0"),
             (self.train.ksvd_reduction in ("batch", "sample"), "train.ksvd_reduction must be batch or sample"),
             (self.train.ksvd_form in ("authors", "paper"), "train.ksvd_form must be authors or paper"),
@@ -213,7 +216,11 @@ def _apply_override(tree: dict[str, Any], assignment: str) -> None:
     if "=" not in assignment:
         raise ConfigError(f"override {assignment!r} must look like key.sub=value")
     key, raw = assignment.split("=", 1)
-    value = yaml.safe_load(raw) if raw != "" else None
+    try:
+        value = yaml.safe_load(raw) if raw != "" else None
+    except yaml.YAMLError as err:
+        problem = getattr(err, "problem", None) or type(err).__name__
+        raise ConfigError(f"override {assignment!r}: the value is not valid YAML ({problem})") from err
     parts = key.strip().split(".")
     node = tree
     for p in parts[:-1]:
@@ -242,7 +249,9 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> Experim
     try:
         values = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as err:
-        raise ConfigError(f"{path}: not valid YAML: {err}") from err
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        raise ConfigError(f"{path}: not valid YAML{where} ({getattr(err, 'problem', None) or type(err).__name__})") from err
     if not isinstance(values, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level")
     try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from types import SimpleNamespace
 from typing import Any, NamedTuple
 
 from primal_attention.data.base import SequenceData
@@ -94,3 +95,35 @@ def build_model(cfg: ExperimentConfig, data: SequenceData) -> SequenceClassifier
             **architecture(cfg.model),
         )
     )
+
+
+def check_buildable(cfg: ExperimentConfig) -> None:
+    """ConfigError (one line) for anything in ``cfg`` that would fail only later: the device, the data
+    name where it is known in advance, and the model, built on the meta device (no memory, no data)
+    with stand-in sizes for what the data decides (classes, length, vocabulary)."""
+    import torch
+
+    from primal_attention.data.lra import TASKS
+
+    name = cfg.train.device
+    if name != "auto":
+        try:
+            device = torch.device(name)
+        except RuntimeError as err:
+            raise ConfigError(f"train.device: {name!r} is not a device ({err})") from err
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise ConfigError(f"train.device={name} but CUDA is not available here; use train.device=cpu or auto")
+    if cfg.data.family == "lra" and cfg.data.name not in TASKS:
+        raise ConfigError(f"data.name: LRA task must be one of {', '.join(TASKS)}, got {cfg.data.name!r}")
+    tokens = cfg.data.family == "lra"
+    stand_in = SimpleNamespace(
+        num_classes=2, seq_len=cfg.data.seq_len or 16, vocab_size=2 if tokens else None,
+        num_features=None if tokens else 1, x2=True if cfg.data.name == "retrieval" else None,
+    )
+    try:
+        with torch.device("meta"):
+            build_model(cfg, stand_in)
+    except ConfigError:
+        raise
+    except (TypeError, ValueError) as err:
+        raise ConfigError(f"model: {err}") from err

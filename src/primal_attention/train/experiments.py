@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from primal_attention.train.config import load_config
-from primal_attention.train.trainer import Trainer
+from primal_attention.train.trainer import run_seeds
 
 
 def run_stored(config: Path, store: Path, work: Path, seed: int, overrides: Sequence[str] = ()) -> dict:
@@ -30,8 +30,8 @@ def run_stored(config: Path, store: Path, work: Path, seed: int, overrides: Sequ
     for o in sets:
         command += ["--set", o]
     print("$", shlex.join(command), flush=True)
-    cfg = load_config(config, [*sets, f"train.seed={seed}"])
-    metrics = Trainer(cfg, work / f"seed_{seed}", resume=True).fit()
+    run_seeds(load_config(config, sets), work, [seed], resume=True)
+    metrics = json.loads((work / f"seed_{seed}" / "metrics.json").read_text())
     metrics["command"] = shlex.join(command)
     store.parent.mkdir(parents=True, exist_ok=True)
     store.write_text(json.dumps(metrics, indent=2))

@@ -54,6 +54,8 @@ def load_run(path: str | Path, *, overrides: list[str] | None = None, last: bool
         try:
             run_dir, ckpt = find_run(path)
         except CheckpointError as err:
+            if path.is_dir():
+                raise
             raise CheckpointError(f"{err}, and {path} is not a .yaml config") from err
         cfg = load_config(run_dir / "config.yaml")
     if cfg.train.threads:

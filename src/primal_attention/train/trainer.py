@@ -18,6 +18,7 @@ import csv
 import json
 import math
 import os
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,9 +39,52 @@ from primal_attention.train.checkpoint import (
     save_checkpoint,
     state_tensors,
 )
-from primal_attention.train.config import ExperimentConfig, dump_config
+from primal_attention.train.config import ConfigError, ExperimentConfig, config_to_dict, dump_config, load_config
 from primal_attention.train.data import Splits, build_model, build_splits
 from primal_attention.train.stats import mean_std
+
+
+class RunError(ValueError):
+    """A run cannot start or continue: its output directory or config does not allow it, or its
+    loss stopped being finite."""
+
+
+class Interrupted(Exception):
+    """Training was interrupted (Ctrl-C / SIGINT) after ``step`` steps; the checkpoints stay intact."""
+
+    def __init__(self, step: int, epoch: float, out: Path) -> None:
+        super().__init__(f"interrupted at epoch {epoch:.2f}, step {step}")
+        self.step, self.epoch, self.out = step, epoch, out
+
+
+#: config keys a resumed run may change: cosmetics, and a longer schedule (checked separately).
+RESUMABLE_CHANGES = {"train.progress", "train.epochs", "train.steps"}
+
+
+def config_changes(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
+    """Dotted keys whose values differ between two nested config mappings."""
+    keys = sorted(set(old) | set(new))
+    out = []
+    for k in keys:
+        a, b, key = old.get(k), new.get(k), f"{prefix}{k}"
+        if isinstance(a, dict) and isinstance(b, dict) and k != "attention_options":
+            out += config_changes(a, b, key + ".")
+        elif a != b:
+            out.append(key)
+    return out
+
+
+def check_resumable(stored: ExperimentConfig, cfg: ExperimentConfig, run_dir: Path) -> None:
+    """RunError unless ``cfg`` equals the config ``run_dir`` was trained with, except a longer schedule."""
+    old, new = config_to_dict(stored), config_to_dict(cfg)
+    changed = [k for k in config_changes(old, new) if k not in RESUMABLE_CHANGES]
+    for key in ("epochs", "steps"):
+        a, b = old["train"][key], new["train"][key]
+        if (a is None) != (b is None) or (a is not None and b < a):
+            changed.append(f"train.{key} ({a} -> {b}; only a longer schedule may be resumed)")
+    if changed:
+        raise RunError(f"cannot resume {run_dir}: the config differs from the one it was trained with in "
+                       f"{', '.join(changed)}; use the same config, or --overwrite to start afresh")
 
 
 def resolve_device(name: str) -> torch.device:
@@ -160,6 +204,22 @@ class Trainer:
         eval_every_rounds = 1 if t.steps is not None else t.eval_every
         start = time.perf_counter()
         loop.model.train()
+        try:
+            self._run_loop(loop, writer, bar, start, round_len, eval_every_rounds)
+        except KeyboardInterrupt:
+            raise Interrupted(loop.step, loop.step / loop.steps_per_epoch, self.out) from None
+        finally:
+            if bar is not None:
+                bar.close()
+            if writer is not None:
+                writer.close()
+        metrics = self._final_metrics(loop, loop.wall_before + time.perf_counter() - start)
+        if self.is_main:
+            (self.out / "metrics.json").write_text(json.dumps(metrics, indent=2))
+        return metrics
+
+    def _run_loop(self, loop: _Loop, writer, bar, start: float, round_len: int, eval_every_rounds: int) -> None:
+        """Steps to the end of the schedule, evaluating and checkpointing at the end of each round."""
         while loop.step < loop.total:
             self._train_step(loop)
             if bar is not None:
@@ -171,14 +231,6 @@ class Trainer:
                 self._evaluate_and_select(loop, writer, bar)
             if self.is_main:
                 self._checkpoint(loop, loop.wall_before + time.perf_counter() - start)
-        if bar is not None:
-            bar.close()
-        if writer is not None:
-            writer.close()
-        metrics = self._final_metrics(loop, loop.wall_before + time.perf_counter() - start)
-        if self.is_main:
-            (self.out / "metrics.json").write_text(json.dumps(metrics, indent=2))
-        return metrics
 
     def _setup(self) -> _Loop:
         """Threads, allocator, process group, seed; then data, model, optimiser and schedule."""
@@ -204,10 +256,10 @@ class Trainer:
     def _restore(self, loop: _Loop) -> None:
         """Continue from the latest checkpoint, if there is one: weights, optimiser, schedule, RNG, history."""
         ckpt_dir = self.out / "checkpoints"
-        found = latest_checkpoint(ckpt_dir)
-        if found is None:
-            return
         try:
+            found = latest_checkpoint(ckpt_dir)
+            if found is None:
+                return
             weights, state, loop.best_weights = load_checkpoint(found)
             fit_weights(loop.model, weights, found / "model.safetensors")
         except CheckpointError as err:
@@ -230,6 +282,14 @@ class Trainer:
         task = F.cross_entropy(logits.float(), b.y)
         reg = ksvd_loss(loop.model, t.ksvd_reduction, t.ksvd_form) if t.eta > 0 else torch.zeros((), device=self.device)
         loss = (task + t.eta * reg) * share
+        task_value, reg_value = task.item(), reg.item()
+        if not (math.isfinite(task_value) and math.isfinite(reg_value)):
+            kept = latest_checkpoint(self.out / "checkpoints")
+            raise RunError(
+                f"non-finite loss at step {loop.step + 1}, epoch {loop.step / loop.steps_per_epoch:.2f} "
+                f"(task {task_value}, ksvd {reg_value}); stopped, "
+                + (f"last good checkpoint kept: {kept}" if kept is not None else "no checkpoint was written yet")
+            )
         loop.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if clip:
@@ -237,7 +297,7 @@ class Trainer:
         loop.optimizer.step()
         loop.scheduler.step()
         loop.step += 1
-        loop.last = {"loss": task.item(), "ksvd": reg.item(), "acc": float((logits.argmax(-1) == b.y).float().mean())}
+        loop.last = {"loss": task_value, "ksvd": reg_value, "acc": float((logits.argmax(-1) == b.y).float().mean())}
 
     def _evaluate_and_select(self, loop: _Loop, writer, bar) -> None:
         """Evaluate, append to the history, keep the best row (and, holdout, its weights), log."""
@@ -266,7 +326,8 @@ class Trainer:
             "best": loop.best,
             "wall_time": wall,
         }
-        save_checkpoint(self.out / "checkpoints", loop.step, loop.model, state, loop.best_weights)
+        save_checkpoint(self.out / "checkpoints", loop.step, loop.model, state, loop.best_weights,
+                        keep=self.cfg.train.keep_checkpoints)
 
     def _evaluate(self, model: nn.Module, splits, step: int, steps_per_epoch: int, last: dict[str, float]) -> dict[str, Any]:
         t = self.cfg.train
@@ -361,22 +422,70 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return summary
 
 
-def run_seeds(cfg: ExperimentConfig, out_dir: str | Path, seeds: list[int], *, resume: bool = False) -> dict[str, Any]:
+def _finished(cfg: ExperimentConfig, metrics: dict[str, Any]) -> bool:
+    """Whether a run's final metrics already cover the schedule of ``cfg`` (a longer one continues)."""
+    t = cfg.train
+    return metrics["steps"] >= t.steps if t.steps is not None else metrics["epochs"] >= t.epochs - 1e-9
+
+
+def _holds_run(run_dir: Path) -> bool:
+    return any((run_dir / name).exists() for name in ("config.yaml", "checkpoints", "metrics.json", "tensorboard"))
+
+
+def prepare_output(out: Path, run_dirs: list[Path], *, resume: bool, overwrite: bool) -> None:
+    """Refuse an unusable ``--out`` or one that already holds a run (unless resume / overwrite);
+    with overwrite, remove those runs whole (checkpoints, TensorBoard events, metrics)."""
+    if resume and overwrite:
+        raise RunError("give --resume or --overwrite, not both")
+    if out.exists() and not out.is_dir():
+        raise RunError(f"--out {out} is a file, not a directory")
+    existing = [d for d in run_dirs if _holds_run(d)]
+    if existing and not (resume or overwrite):
+        raise RunError(f"{existing[0]} already holds a run; continue it with --resume or replace it with --overwrite")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / ".write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as err:
+        raise RunError(f"--out {out} is not a writable directory ({err.strerror or err})") from err
+    if overwrite:
+        for d in existing:
+            shutil.rmtree(d)
+        (out / "summary.json").unlink(missing_ok=True)
+
+
+def run_seeds(cfg: ExperimentConfig, out_dir: str | Path, seeds: list[int], *, resume: bool = False,
+              overwrite: bool = False) -> dict[str, Any]:
     """One run per seed into ``out_dir/seed_<s>``, then ``out_dir/summary.json``.
 
-    With resume, a seed whose metrics.json exists is not run again and an interrupted one continues.
+    A seed folder that already holds a run is refused unless ``resume`` (an interrupted run
+    continues, a finished one is reported again; both only with the config they were trained
+    with, see :func:`check_resumable`) or ``overwrite`` (the old run is removed first).
     """
     import dataclasses
 
+    from primal_attention.train.data import check_buildable
+
+    check_buildable(cfg)
     out = Path(out_dir)
+    run_dirs = [out / f"seed_{seed}" for seed in seeds]
+    prepare_output(out, run_dirs, resume=resume, overwrite=overwrite)
     runs = []
-    for seed in seeds:
+    for seed, run_dir in zip(seeds, run_dirs):
         run_cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, seed=seed))
-        run_dir = out / f"seed_{seed}"
+        if resume and (run_dir / "config.yaml").is_file():
+            try:
+                stored = load_config(run_dir / "config.yaml")
+            except ConfigError as err:
+                raise RunError(f"cannot resume {run_dir}: its config.yaml does not load ({err})") from err
+            check_resumable(stored, run_cfg, run_dir)
         done = run_dir / "metrics.json"
         if resume and done.is_file():
-            runs.append(json.loads(done.read_text()))
-            continue
+            metrics = json.loads(done.read_text())
+            if _finished(run_cfg, metrics):
+                runs.append(metrics)
+                continue
         runs.append(Trainer(run_cfg, run_dir, resume=resume).fit())
     summary = summarize(runs)
     if int(os.environ.get("RANK", "0")) == 0:

@@ -1,0 +1,131 @@
+"""Runs never lose data, bad configs never train: one clear line and exit 2 (or 130 for Ctrl-C)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from primal_attention.train.config import load_config
+from primal_attention.train.trainer import RunError, Trainer, check_resumable
+from test_trainer import CONFIG, cli, sets
+
+CONFIG_ERRORS = {
+    "model.attention_options.primal.rnk=30": "unexpected keyword argument 'rnk'",
+    "model.dim=30": "num_heads (8) must divide embed_dim (30)",
+    "model.pooling=bogus": "pooling must be one of",
+    "model.dropout=2": "dropout probability must be in [0, 1], got 2.0",
+    "model.attention=[softmax,foo]": "unknown attention 'foo'",
+    "model.attention=[softmax": "is not valid YAML",
+    "train.device=cuda": "CUDA is not available",
+    "data.family=lra": "LRA task must be one of",
+}
+
+
+@pytest.mark.parametrize("override", list(CONFIG_ERRORS))
+def test_config_errors_are_one_line_before_anything_is_written(tmp_path, override) -> None:
+    if override == "train.device=cuda" and torch.cuda.is_available():
+        pytest.skip("CUDA is available here")
+    extra = ["--set", "data.name=nope"] if override.startswith("data.family") else []
+    proc = cli("train", str(CONFIG), "--out", str(tmp_path / "out"), "--set", override, *extra)
+    assert proc.returncode == 2, proc.stderr
+    assert CONFIG_ERRORS[override] in proc.stderr and "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_finished_run_is_not_overwritten_without_asking(tmp_path) -> None:
+    args = ["train", str(CONFIG), "--out", str(tmp_path), *sets("train.epochs=1")]
+    assert cli(*args).returncode == 0
+    before = (tmp_path / "seed_0" / "metrics.json").read_text()
+    again = cli(*args)
+    assert again.returncode == 2 and "--resume" in again.stderr and "--overwrite" in again.stderr
+    assert (tmp_path / "seed_0" / "metrics.json").read_text() == before
+    events = list((tmp_path / "seed_0" / "tensorboard").iterdir())
+    replaced = cli(*args, "--overwrite")
+    assert replaced.returncode == 0, replaced.stderr
+    assert not set(events) & set((tmp_path / "seed_0" / "tensorboard").iterdir())  # old events removed
+
+
+def test_unusable_out_is_one_clear_error(tmp_path) -> None:
+    file = tmp_path / "README.md"
+    file.write_text("x")
+    proc = cli("train", str(CONFIG), "--out", str(file), *sets("train.epochs=1"))
+    assert proc.returncode == 2 and "is a file" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_resume_refuses_a_changed_config(tmp_path) -> None:
+    assert cli("train", str(CONFIG), "--out", str(tmp_path), *sets("train.epochs=1")).returncode == 0
+    config = (tmp_path / "seed_0" / "config.yaml").read_text()
+    changed = cli("train", str(CONFIG), "--out", str(tmp_path), "--resume", *sets("train.epochs=1", "optim.lr=0.01"))
+    assert changed.returncode == 2 and "optim.lr" in changed.stderr and "Traceback" not in changed.stderr
+    assert (tmp_path / "seed_0" / "config.yaml").read_text() == config
+    longer = cli("train", str(CONFIG), "--out", str(tmp_path), "--resume", *sets("train.epochs=2"))
+    assert longer.returncode == 0, longer.stderr
+    assert json.loads((tmp_path / "seed_0" / "metrics.json").read_text())["epochs"] == 2
+
+
+def test_shorter_schedule_is_not_resumable(tmp_path) -> None:
+    old = load_config(CONFIG, ["train.epochs=5"])
+    with pytest.raises(RunError, match="only a longer schedule"):
+        check_resumable(old, load_config(CONFIG, ["train.epochs=3"]), tmp_path)
+    check_resumable(old, load_config(CONFIG, ["train.epochs=7", "train.progress=false"]), tmp_path)
+
+
+def test_ctrl_c_keeps_the_checkpoint_and_says_how_to_continue(tmp_path) -> None:
+    out = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "primal_attention.cli", "train", str(CONFIG), "--out", str(out),
+                             *sets("train.epochs=200")], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    latest = out / "seed_0" / "checkpoints" / "latest"
+    deadline = time.time() + 300
+    while time.time() < deadline and not latest.is_file():
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "interrupted at epoch" in err and "continue with --resume" in err and "Traceback" not in err
+    assert (out / "seed_0" / "checkpoints" / latest.read_text().strip() / "state.pt").is_file()
+
+
+def test_non_finite_loss_stops_with_the_step_and_keeps_the_checkpoint(tmp_path, monkeypatch) -> None:
+    cfg = load_config(CONFIG, [s for s in sets("train.epochs=3") if s != "--set"])
+    import primal_attention.train.trainer as trainer
+
+    calls = {"n": 0}
+    real = trainer.F.cross_entropy
+
+    def poisoned(*args, **kwargs):
+        calls["n"] += 1
+        loss = real(*args, **kwargs)
+        return loss * float("nan") if calls["n"] == 12 else loss
+
+    monkeypatch.setattr(trainer.F, "cross_entropy", poisoned)
+    with pytest.raises(RunError, match=r"non-finite loss at step \d+, epoch [\d.]+ .*last good checkpoint kept"):
+        Trainer(cfg, tmp_path).fit()
+    assert (tmp_path / "checkpoints" / "latest").is_file()
+
+
+def test_eval_takes_every_seed_of_a_train_folder(tmp_path) -> None:
+    assert cli("train", str(CONFIG), "--out", str(tmp_path), "--seeds", "0,1", *sets("train.epochs=1")).returncode == 0
+    ev = cli("eval", str(tmp_path))
+    assert ev.returncode == 0, ev.stderr
+    assert set(json.loads(ev.stdout)) == {"seed_0", "seed_1"}
+    missing = cli("eval", str(tmp_path / "nope"))
+    assert missing.returncode == 2 and "does not exist" in missing.stderr
+
+
+@pytest.mark.parametrize("args", [
+    ("spectrum", "x", "--batch-size", "0"),
+    ("spectrum", "x", "--max-examples", "0"),
+    ("selfcheck", "--seq-len", "0"),
+    ("selfcheck", "--reference-dir", "/nonexistent"),
+])
+def test_argument_ranges(args) -> None:
+    proc = cli(*args)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "positive integer" in proc.stderr or "not a directory" in proc.stderr
