@@ -74,6 +74,13 @@ def write_table() -> None:
         "runs that were suspended while benchmarks measured (the full-length ListOps run) count the pause too,",
         "so compare times only loosely; `docs/results/efficiency.md` is where speed is measured.",
         "",
+        "**Retrieval after the KSVD collection fix.** Until commit f09d090 `ksvd_loss` saw only the second",
+        "document of the two-tower Retrieval model; it now averages both towers. The Primal.+Trans. row",
+        "(η 0.05) was rerun with the fix (seed 0, commit f09d090, in a separate worktree); the run before",
+        "the fix is kept in `lra_runs/retrieval_primal+_cpu/before_ksvd_fix/` (best 54.6, final 54.4).",
+        "PrimalFormer trains with η 0 on Retrieval (the authors' setting), so the fix cannot change it: its",
+        "rerun gave identical accuracies and J; the Transformer has no primal layer and was not rerun.",
+        "",
         "| task | data | schedule | model | paper | best test | final test | train time / run (s) |",
         "|---|---|---|---|---|---|---|---|",
     ]
