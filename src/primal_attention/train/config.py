@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 
 from primal_attention.models.classifier import ClassifierConfig
+from primal_attention.models.vision import ViTConfig
 
 
 class ConfigError(ValueError):
@@ -27,8 +28,9 @@ class DataConfig:
     """Which dataset and how to cut it.
 
     family: "uea" (a UEA archive dataset), "fsdd" (Free Spoken Digit MFCCs), "lra" (a Long Range
-    Arena task). name: the dataset or task name. data_dir: user-provided files (UEA ``.ts`` archive,
-    LRA release files), else what is bundled or generated here. val_fraction: the stratified
+    Arena task), "vision" (images: fashion_mnist, digits, or image_folder with ``data_dir``).
+    name: the dataset or task name. data_dir: user-provided files (UEA ``.ts`` archive, LRA release
+    files, an ImageFolder tree), else what is bundled or generated here. val_fraction: the stratified
     validation split carved from TRAIN under the holdout protocol. max_examples: cap on TRAIN (a
     fixed random subset; None = all); max_test_examples: cap on TEST (None = max_examples). For
     generated LRA tasks these are the numbers of examples generated. seq_len: sequence length (LRA).
@@ -49,7 +51,7 @@ class DataConfig:
 DATA_DERIVED = {"num_classes", "max_seq_len", "vocab_size", "num_features", "dual", "attention"}
 
 
-def model_section(name: str, model_config: type, doc: str) -> type:
+def model_section(name: str, model_config: type, doc: str, derived: frozenset[str] = frozenset()) -> type:
     """The ``model:`` section for a model config dataclass: ``kind``, ``layers`` and an optional
     explicit ``attention`` list, then every architecture field of ``model_config`` with its own
     default (one place holds each default), less the fields the data fixes."""
@@ -57,7 +59,7 @@ def model_section(name: str, model_config: type, doc: str) -> type:
     own = [
         (f.name, hints[f.name], field(default=f.default) if f.default is not dataclasses.MISSING
          else field(default_factory=f.default_factory))
-        for f in dataclasses.fields(model_config) if f.name not in DATA_DERIVED
+        for f in dataclasses.fields(model_config) if f.name not in DATA_DERIVED | derived
     ]
     section = dataclasses.make_dataclass(
         name,
@@ -74,6 +76,17 @@ kind: "transformer", "primalformer" or "primal+" (last layer primal) over ``laye
 explicit per-layer ``attention`` list of registered names. attention_options: constructor options
 per attention name, e.g. ``{"primal": {"rank": 40, "rank_multi": 5}}``. The other fields and their
 defaults are those of :class:`primal_attention.ClassifierConfig`.""")
+
+
+VisionModelConfig = model_section("VisionModelConfig", ViTConfig, """The vision transformer (``data.family: vision``).
+
+kind / layers / attention as for :class:`ModelConfig` (``primal+``: only the last block primal);
+the other fields and their defaults are those of :class:`primal_attention.ViTConfig` (patch_size,
+dim, num_heads, ffn_dim, attention_options, dropout, attention_dropout, drop_path, qkv_bias).
+Image size and channels come from the data.""", derived=frozenset({"image_size", "in_channels"}))
+
+#: data family -> its ``model:`` section.
+MODEL_SECTIONS = {"uea": ModelConfig, "fsdd": ModelConfig, "lra": ModelConfig, "vision": VisionModelConfig}
 
 
 @dataclass
@@ -107,6 +120,9 @@ class TrainConfig:
     ksvd_reduction: str = "sample"
     ksvd_form: str = "authors"
     protocol: str = "authors"
+    #: holdout protocol: also evaluate TEST at every evaluation, so a run reports the authors'
+    #: best-on-test figure beside the validation-selected one (selection still uses validation only).
+    track_test: bool = False
     seed: int = 0
     device: str = "auto"
     threads: int | None = None
@@ -124,14 +140,15 @@ class ExperimentConfig:
 
     name: str = "experiment"
     data: DataConfig = field(default_factory=DataConfig)
-    model: ModelConfig = field(default_factory=ModelConfig)
+    #: :class:`ModelConfig` (classifier) or, for ``data.family: vision``, :class:`VisionModelConfig`.
+    model: Any = field(default_factory=ModelConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
 
     def validate(self) -> None:
         """Raise ConfigError for values no run could use."""
         checks = [
-            (self.data.family in ("uea", "fsdd", "lra"), "data.family must be uea, fsdd or lra"),
+            (self.data.family in MODEL_SECTIONS, f"data.family must be one of {', '.join(MODEL_SECTIONS)}"),
             (0.0 < self.data.val_fraction < 1.0, "data.val_fraction must be in (0, 1)"),
             (self.model.kind in ("transformer", "primalformer", "primal+"), "model.kind must be transformer, primalformer or primal+"),
             (self.model.layers > 0, "model.layers must be positive"),
@@ -236,7 +253,12 @@ def config_from_dict(values: dict[str, Any], overrides: list[str] | None = None)
     tree = {k: (dict(v) if isinstance(v, dict) else v) for k, v in tree.items()}
     for o in overrides or []:
         _apply_override(tree, o)
+    model = tree.pop("model", {})
     cfg = _build(ExperimentConfig, tree)
+    section = MODEL_SECTIONS.get(cfg.data.family, ModelConfig)
+    if not isinstance(model, dict):
+        raise ConfigError(f"model: expected a mapping, got {type(model).__name__}")
+    cfg.model = _build(section, model, "model")
     cfg.validate()
     return cfg
 

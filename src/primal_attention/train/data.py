@@ -10,6 +10,8 @@ from primal_attention.data.base import SequenceData
 from primal_attention.data.splits import stratified_split
 from primal_attention.models.classifier import ClassifierConfig, SequenceClassifier
 from primal_attention.models.transformer import hybrid_pattern
+from primal_attention.models.vision import VisionTransformer, ViTConfig
+from torch import nn
 from primal_attention.train.config import ConfigError, DataConfig, ExperimentConfig
 
 
@@ -37,7 +39,49 @@ def _load_pair(cfg: DataConfig) -> tuple[SequenceData, SequenceData]:
         test_cap = cfg.max_test_examples if cfg.max_test_examples is not None else cfg.max_examples
         return (load_lra(cfg.name, "train", num_examples=cfg.max_examples, **kw),
                 load_lra(cfg.name, "test", num_examples=test_cap, **kw))
-    raise ConfigError(f"data.family must be uea, fsdd or lra, got {cfg.family!r}")
+    if cfg.family == "vision":
+        return _load_images(cfg)
+    raise ConfigError(f"data.family must be uea, fsdd, lra or vision, got {cfg.family!r}")
+
+
+#: data.name of the vision family -> its loader.
+IMAGE_DATASETS = ("fashion_mnist", "digits", "image_folder")
+#: data.options of the vision family that are augmentation settings, not loader arguments.
+AUGMENT_OPTIONS = ("crop_padding", "flip")
+
+
+def _load_images(cfg: DataConfig):
+    from primal_attention.data import vision
+
+    options = {k: v for k, v in cfg.options.items() if k not in AUGMENT_OPTIONS}
+    if cfg.name == "fashion_mnist":
+        return tuple(vision.load_fashion_mnist_images(split, **options) for split in ("train", "test"))
+    if cfg.name == "digits":
+        return tuple(vision.load_digits_images(split, **options) for split in ("train", "test"))
+    if cfg.name == "image_folder":
+        if cfg.data_dir is None:
+            raise ConfigError("data.name=image_folder needs data.data_dir (a folder with train/ and test/ class folders)")
+        return tuple(vision.load_image_folder(cfg.data_dir, split, **options) for split in ("train", "test"))
+    raise ConfigError(f"data.name: vision dataset must be one of {', '.join(IMAGE_DATASETS)}, got {cfg.name!r}")
+
+
+def train_batch(cfg: ExperimentConfig, data, index, step: int):
+    """The training batch at ``index`` for optimiser step ``step``: images get the augmentation of
+    ``data.options`` (random crop after padding, horizontal flip) drawn from a generator seeded by
+    (seed, step), so a resumed run sees exactly the same batches."""
+    import torch
+
+    batch = data.batch(index)
+    if cfg.data.family != "vision":
+        return batch
+    from primal_attention.data.vision import augment
+
+    options = {k: cfg.data.options[k] for k in AUGMENT_OPTIONS if k in cfg.data.options}
+    if options.get("crop_padding", 4) == 0 and not options.get("flip", True):
+        return batch
+    generator = torch.Generator().manual_seed(cfg.train.seed * 1_000_003 + step)
+    batch.x = augment(batch.x, generator=generator, **options)
+    return batch
 
 
 def _cap(data: SequenceData, limit: int | None) -> SequenceData:
@@ -82,8 +126,13 @@ def architecture(section: Any) -> dict[str, Any]:
     return values
 
 
-def build_model(cfg: ExperimentConfig, data: SequenceData) -> SequenceClassifier:
-    """The classifier of ``cfg.model`` sized for ``data`` (classes, input width, sequence length)."""
+def build_model(cfg: ExperimentConfig, data) -> nn.Module:
+    """The model of ``cfg.model`` sized for ``data``: a :class:`SequenceClassifier` (classes, input
+    width, sequence length) or, for images, a :class:`VisionTransformer` (classes, size, channels)."""
+    if cfg.data.family == "vision":
+        return VisionTransformer(ViTConfig(num_classes=data.num_classes, image_size=data.image_size,
+                                           in_channels=data.in_channels, attention=attention_pattern(cfg),
+                                           **architecture(cfg.model)))
     return SequenceClassifier(
         ClassifierConfig(
             num_classes=data.num_classes,
@@ -115,10 +164,14 @@ def check_buildable(cfg: ExperimentConfig) -> None:
             raise ConfigError(f"train.device={name} but CUDA is not available here; use train.device=cpu or auto")
     if cfg.data.family == "lra" and cfg.data.name not in TASKS:
         raise ConfigError(f"data.name: LRA task must be one of {', '.join(TASKS)}, got {cfg.data.name!r}")
+    if cfg.data.family == "vision" and cfg.data.name not in IMAGE_DATASETS:
+        raise ConfigError(f"data.name: vision dataset must be one of {', '.join(IMAGE_DATASETS)}, got {cfg.data.name!r}")
     tokens = cfg.data.family == "lra"
+    size = cfg.data.options.get("image_size") or {"fashion_mnist": 28, "digits": 8}.get(cfg.data.name, 224)
     stand_in = SimpleNamespace(
         num_classes=2, seq_len=cfg.data.seq_len or 16, vocab_size=2 if tokens else None,
         num_features=None if tokens else 1, x2=True if cfg.data.name == "retrieval" else None,
+        image_size=size, in_channels=1 if cfg.data.name in ("fashion_mnist", "digits") else 3,
     )
     try:
         with torch.device("meta"):

@@ -40,7 +40,7 @@ from primal_attention.train.checkpoint import (
     state_tensors,
 )
 from primal_attention.train.config import ConfigError, ExperimentConfig, config_to_dict, dump_config, load_config
-from primal_attention.train.data import Splits, build_model, build_splits
+from primal_attention.train.data import Splits, build_model, build_splits, train_batch
 from primal_attention.train.stats import mean_std
 
 
@@ -276,7 +276,7 @@ class Trainer:
         t, clip = self.cfg.train, self.cfg.optim.clip_norm
         index = self._global_batch(loop.step, len(loop.splits.train), loop.steps_per_epoch)
         local = index[self.rank :: self.world]
-        b = loop.splits.train.batch(local).to(self.device)
+        b = train_batch(self.cfg, loop.splits.train, local, loop.step).to(self.device)
         logits = loop.net(**b.inputs)
         share = len(local) * self.world / len(index)  # makes DDP's mean the global mean
         task = F.cross_entropy(logits.float(), b.y)
@@ -336,7 +336,7 @@ class Trainer:
         if splits.val is not None:
             v = evaluate(model, splits.val, t.eval_batch_size, self.device)
             row.update(val_acc=v["acc"], val_loss=v["loss"])
-        if t.protocol == "authors":
+        if t.protocol == "authors" or t.track_test:
             e = evaluate(model, splits.test, t.eval_batch_size, self.device)
             row.update(test_acc=e["acc"], test_loss=e["loss"])
         if primal_layers(model):
@@ -400,6 +400,8 @@ class Trainer:
                 test_acc=test["acc"], best_val_acc=best["val_acc"], best_epoch=best["epoch"],
                 final_val_acc=history[-1]["val_acc"],
             )
+            if t.track_test:  # the authors' figure from the same run, beside the selected one
+                metrics.update(best_test_acc=max(r["test_acc"] for r in history), final_test_acc=history[-1]["test_acc"])
         metrics["ksvd_j_final"] = self._final_j(model, splits.train)
         return metrics
 
