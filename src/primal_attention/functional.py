@@ -56,24 +56,27 @@ class PrimalCache(NamedTuple):
 
 def valid_sample_index(mask: Tensor, num_samples: int) -> Tensor:
     """Vectorised :func:`primal_attention.reference.valid_sample_index`: (B, n) int64."""
-    seq_len = mask.shape[1]
     count = mask.sum(dim=1)  # (B,)
     # Stable sort of "is padding" puts each sample's real positions first, in order.
     order = torch.argsort((~mask).to(torch.uint8), dim=1, stable=True)
-    j = torch.arange(num_samples, device=mask.device)
-    rank = (j[None, :] * (count[:, None] - 1).clamp_min(0)) // max(num_samples - 1, 1)
-    index = order.gather(1, rank.clamp_max(seq_len - 1))
+    rank = torch.zeros(mask.shape[0], num_samples, dtype=torch.int64, device=mask.device)
+    for length in count.unique().tolist():  # one integer linspace per distinct length
+        if length > 0:
+            rank[count == length] = uniform_sample_index(length, num_samples, mask.device)
+    index = order.gather(1, rank)
     return torch.where(count[:, None] > 0, index, torch.zeros_like(index))
 
 
 def _causal_prefix_mean(qk: Tensor, real: Tensor | None) -> Tensor:
     """Mean over real tokens up to each position: qk (B, N, C), real (B, N) float or None."""
     seq_len = qk.shape[1]
+    # Sums in float32 at least: under fp16 autocast a cumsum over 20 000 tokens overflows 65 504.
+    acc = torch.promote_types(qk.dtype, torch.float32)
     if real is None:
-        count = torch.arange(1, seq_len + 1, device=qk.device, dtype=qk.dtype)[None, :, None]
-        return torch.cumsum(qk, dim=1) / count
-    w = real[:, :, None].to(qk.dtype)
-    return torch.cumsum(qk * w, dim=1) / torch.cumsum(w, dim=1).clamp_min(1.0)
+        count = torch.arange(1, seq_len + 1, device=qk.device, dtype=acc)[None, :, None]
+        return (torch.cumsum(qk.to(acc), dim=1) / count).to(qk.dtype)
+    w = real[:, :, None].to(acc)
+    return (torch.cumsum(qk.to(acc) * w, dim=1) / torch.cumsum(w, dim=1).clamp_min(1.0)).to(qk.dtype)
 
 
 def _chunks(batch: int, seq_len: int, rows: int) -> list[tuple[int, int, int, int]]:
@@ -197,6 +200,11 @@ class _FoldedPrimal(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad_out: Tensor | None, grad_gram: Tensor | None):
+        if torch.is_grad_enabled():
+            raise RuntimeError(
+                "PrimalAttention: the folded fast path (N >= 16·D) has no double backward; for gradients of "
+                "gradients use impl='reference' (or a shorter sequence, which takes the per-head path)"
+            )
         x, wqk, fold, f, rn, real, token_weight = ctx.saved_tensors
         has_bqk, has_c, has_o, groups, chunk_rows = ctx.flags
         need = ctx.needs_input_grad

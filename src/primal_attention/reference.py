@@ -59,29 +59,29 @@ class PrimalTrace(NamedTuple):
 
 
 def uniform_sample_index(seq_len: int, num_samples: int, device: torch.device | None = None) -> Tensor:
-    """``linspace(0, N-1, n)`` truncated to int: (n,) int64. First and last token always included.
+    """``linspace(0, N-1, n)`` on integers: (n,) int64. First and last token always included; positions
+    repeat when n > N.
 
-    Computed in float32 exactly as the authors' code does, so the picks match theirs bit for bit.
+    Computed exactly as the authors' code does (``torch.linspace(..., dtype=int)``), so the picks match
+    theirs bit for bit (a float32 linspace truncated to int differs for some (N, n), e.g. (106, 96)).
     """
-    return torch.linspace(0, seq_len - 1, num_samples, dtype=torch.float32, device=device).long()
+    return torch.linspace(0, seq_len - 1, num_samples, dtype=torch.int64, device=device)
 
 
 def valid_sample_index(mask: Tensor, num_samples: int) -> Tensor:
     """Per sample, n positions spread over its real tokens: (B, n) int64.
 
-    The j-th pick is real token number ``floor(j (L_b - 1) / (n - 1))`` of sample b (L_b its number
-    of real tokens), in exact integer arithmetic. A fully padded sample picks position 0 (its terms
-    are masked anyway).
+    The picks of sample b are its real tokens at :func:`uniform_sample_index` (L_b, n), L_b its number
+    of real tokens, so a full mask picks exactly what ``mask=None`` picks. A fully padded sample picks
+    position 0 (its terms are masked anyway).
     """
     picks = []
-    j = torch.arange(num_samples, device=mask.device)
     for b in range(mask.shape[0]):
         real = torch.nonzero(mask[b], as_tuple=False).flatten()
         if real.numel() == 0:
             picks.append(torch.zeros(num_samples, dtype=torch.long, device=mask.device))
             continue
-        rank = (j * (real.numel() - 1)) // max(num_samples - 1, 1)
-        picks.append(real[rank])
+        picks.append(real[uniform_sample_index(real.numel(), num_samples, mask.device)])
     return torch.stack(picks)
 
 

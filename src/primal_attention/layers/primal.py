@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from primal_attention import functional, reference
-from primal_attention.layers.checks import check_heads, check_input, resolve_mask
+from primal_attention.layers.checks import check_dtype, check_heads, check_input, resolve_mask
 from primal_attention.layers.registry import register_attention
 from primal_attention.reference import PrimalWeights
 
@@ -64,6 +64,12 @@ class PrimalAttention(nn.Module):
         impl: "fast" (default, :mod:`primal_attention.functional`) or "reference" (the readable
             math of :mod:`primal_attention.reference`, for checks and timing; no dropout).
         check_finite: raise on NaN / Inf input (a device sync per call; off by default).
+
+    Dtypes: x must have the parameters' dtype (a float64 x into a float32 layer is a ValueError
+    saying so), except under autocast. Under autocast the causal prefix sums and the decoding state
+    of :meth:`step` are accumulated in float32. Double backward (e.g. gradient penalties) works on
+    the reference path and the per-head fast path; the folded fast path (N ≥ 16·D) raises a
+    RuntimeError that says so.
 
     Shapes:
         forward: x (B, N, D), mask (B, N) bool (True = real token) or None -> (B, N, D).
@@ -150,7 +156,7 @@ class PrimalAttention(nn.Module):
         self.out_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
         self.reset_parameters()
         self._last: KSVDTerm | None = None
-        self._terms: list[tuple[KSVDTerm, tuple[int, ...]]] = []
+        self._terms: list[tuple[KSVDTerm, tuple[int, ...] | None]] = []
 
     def reset_parameters(self) -> None:
         """Authors' init: orthogonal W_e, W_r on the 3-D tensor, Λ ~ U[0, 1); Linear defaults."""
@@ -215,7 +221,8 @@ class PrimalAttention(nn.Module):
     def forward(self, x: Tensor, mask: Tensor | None = None, *, attn_mask: Tensor | None = None) -> Tensor:
         """x: (B, N, D); mask (or timm's attn_mask): (B, N) bool, True = real token -> (B, N, D)."""
         mask = resolve_mask(mask, attn_mask, "PrimalAttention")
-        check_input(x, mask, self.embed_dim, check_finite=self.check_finite, name="PrimalAttention")
+        check_input(x, mask, self.embed_dim, check_finite=self.check_finite, name="PrimalAttention",
+                    dtype=self.q_proj.weight.dtype)
         if self.impl == "fast":
             out, cache = functional.primal_attention(
                 x,
@@ -241,21 +248,27 @@ class PrimalAttention(nn.Module):
         # In-place updates (optimiser steps, load_state_dict) bump a tensor's version counter.
         return tuple(p._version for p in self.parameters())
 
-    @torch.compiler.disable
     def _record(self, term: KSVDTerm) -> None:
         """Keep a forward's KSVD term: as the latest, and for ksvd_loss when it can carry gradients."""
+        if torch.compiler.is_compiling():
+            # Inside a compiled graph the version counters cannot be read: the term is kept without
+            # them (see pop_ksvd_terms), so a compiled loop should call ksvd_loss every step.
+            self._last = term
+            if torch.is_grad_enabled():
+                self._terms.append((term, None))
+            return
         if torch._C._current_autograd_node() is not None:
             return  # the forward that activation checkpointing recomputes inside backward
         self._last = term
         if torch.is_grad_enabled():
             versions = self._parameter_versions()
-            self._terms = [t for t in self._terms if t[1] == versions]
+            self._terms = [t for t in self._terms if t[1] in (versions, None)]
             self._terms.append((term, versions))
 
     def pop_ksvd_terms(self) -> list[KSVDTerm]:
         """The terms recorded since the previous call (with the current parameters), and forget them."""
         versions = self._parameter_versions()
-        terms = [t for t, v in self._terms if v == versions]
+        terms = [t for t, v in self._terms if v in (versions, None)]
         self._terms = []
         return terms
 
@@ -309,14 +322,19 @@ class PrimalAttention(nn.Module):
         batch = x_t.shape[0]
         if mask_t is not None and (mask_t.dtype != torch.bool or mask_t.shape != (batch,)):
             raise ValueError(f"PrimalAttention.step: expected mask_t of shape ({batch},) bool, got {tuple(mask_t.shape)} {mask_t.dtype}")
+        check_dtype(x_t, self.q_proj.weight.dtype, "PrimalAttention.step", "x_t")
         w = self.weights()
         qk_weight = torch.cat([w.q_weight, w.k_weight], dim=0)
         qk_bias = None if w.q_bias is None else torch.cat([w.q_bias, w.k_bias], dim=0)
-        qk = F.linear(x_t, qk_weight, qk_bias)  # (B, 2D)
-        real = torch.ones(batch, dtype=qk.dtype, device=qk.device) if mask_t is None else mask_t.to(qk.dtype)
+        qk = F.linear(x_t, qk_weight, qk_bias)  # (B, 2D), in the autocast dtype under autocast
+        # The running sums stay in float32 (or wider) under autocast: in bf16 the count stops at 256.
+        acc = torch.promote_types(w.q_weight.dtype, torch.float32)
+        real = torch.ones(batch, dtype=acc, device=qk.device) if mask_t is None else mask_t.to(acc)
         if state is None:
-            state = PrimalState(torch.zeros_like(qk), torch.zeros(batch, dtype=qk.dtype, device=qk.device))
-        total = state.total + qk * real[:, None]
+            state = PrimalState(torch.zeros(batch, 2 * self.embed_dim, dtype=acc, device=qk.device),
+                                torch.zeros(batch, dtype=acc, device=qk.device))
+        self._check_state(state, batch, acc, qk.device)
+        total = state.total + qk.to(acc) * real[:, None]
         count = state.count + real
         mean = (total / count.clamp_min(1.0)[:, None]).view(batch, 1, 2 * self.num_heads, self.head_dim)
         features = F.normalize(mean, p=2.0, dim=-1, eps=reference.EPS).view(batch, 1, 2 * self.embed_dim)
@@ -324,6 +342,20 @@ class PrimalAttention(nn.Module):
         out = functional.mix_and_project(features, proj, w, heads=self.num_heads, real=real[:, None])
         out = out if token_axis else out[:, 0]
         return out, PrimalState(total, count)
+
+    def _check_state(self, state: Any, batch: int, dtype: torch.dtype, device: torch.device) -> None:
+        """One clear error for a state that is not this layer's (another layer, batch or type)."""
+        if not isinstance(state, PrimalState):
+            raise TypeError(f"PrimalAttention.step: expected state to be a PrimalState (or None to start), "
+                            f"got {type(state).__name__}")
+        want = (batch, 2 * self.embed_dim)
+        if tuple(state.total.shape) != want or tuple(state.count.shape) != (batch,):
+            raise ValueError(f"PrimalAttention.step: expected a state with total {want} and count ({batch},), got "
+                             f"total {tuple(state.total.shape)} and count {tuple(state.count.shape)} "
+                             "(a state of another layer or batch?)")
+        if state.total.device != device or state.total.dtype != dtype or state.count.dtype != dtype:
+            raise ValueError(f"PrimalAttention.step: expected a state of dtype {dtype} on {device}, got "
+                             f"{state.total.dtype} / {state.count.dtype} on {state.total.device}")
 
     def extra_repr(self) -> str:
         n = f", num_samples={self.num_samples}" if not self.causal else ""
