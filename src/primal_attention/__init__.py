@@ -21,6 +21,7 @@ from primal_attention.ksvd import ksvd_loss, ksvd_objectives, primal_layers
 from primal_attention.models.classifier import ClassifierConfig, SequenceClassifier
 from primal_attention.models.lm import CausalLM, CausalLMConfig
 from primal_attention.models.transformer import TransformerBlock, TransformerStack, hybrid_pattern
+from primal_attention.models.vision import VisionTransformer, ViTConfig, deit_small, deit_tiny, vit_cpu
 
 __version__ = "0.1.0"
 
@@ -35,11 +36,16 @@ __all__ = [
     "SoftmaxAttention",
     "TransformerBlock",
     "TransformerStack",
+    "ViTConfig",
+    "VisionTransformer",
     "attention_names",
     "build_attention",
+    "deit_small",
+    "deit_tiny",
     "hybrid_pattern",
     "ksvd_loss",
     "ksvd_objectives",
     "primal_layers",
     "register_attention",
+    "vit_cpu",
 ]

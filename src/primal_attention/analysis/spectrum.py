@@ -241,7 +241,7 @@ def analyse_spectrum(
 
     Args:
         model: a model whose attention layers are :class:`SoftmaxAttention` / :class:`PrimalAttention`,
-            called as ``model(x, mask, x2, mask2)`` (the classifiers of :mod:`primal_attention.models`).
+            called as ``model(**batch.inputs)`` (the models of :mod:`primal_attention.models`).
         data: the split; examples are taken in order, then batched by length.
         group_size: pool this many consecutive layers of the same kind into one group (1: each
             layer is its own group).
@@ -256,20 +256,22 @@ def analyse_spectrum(
     was = model.training
     model.eval()
     m = len(data) if max_examples is None else min(len(data), max_examples)
-    grid_len = data.seq_len
+    # Sequences: the padded length; images: the token count the layers see (taken from the first batch).
+    grid_len = getattr(data, "seq_len", None)
     layers = dict(attention_layers(model))
     stats: dict[str, dict[str, SpectrumStats]] = {name: {} for name in layers}
     # Similar lengths in a batch make the crop below effective; the statistics are order-free.
-    order = torch.argsort(data.mask[:m].sum(-1), stable=True)
+    mask = getattr(data, "mask", None)
+    order = torch.argsort(mask[:m].sum(-1), stable=True) if mask is not None else torch.arange(m)
     try:
         with capture_inputs(model) as seen:
             for start in range(0, m, batch_size):
                 idx = order[start : start + batch_size]
-                x2 = None if data.x2 is None else data.x2[idx].to(device)
-                mask2 = None if data.mask2 is None else data.mask2[idx].to(device)
-                model(data.x[idx].to(device), data.mask[idx].to(device), x2, mask2)
+                model(**data.batch(idx).to(device).inputs)
                 for name, layer in layers.items():
                     inp = seen[name]
+                    if grid_len is None:
+                        grid_len = inp.x.shape[1]
                     real = inp.mask.any(0).nonzero()
                     last = int(real.max()) + 1 if real.numel() else 1
                     for view, mat in layer_matrices(layer, inp).items():
