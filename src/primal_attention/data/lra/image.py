@@ -1,5 +1,5 @@
 """LRA Image: grey-level CIFAR-10 from its python pickles (:func:`load_cifar10_dir`), the stand-in
-Fashion-MNIST padded to 32×32 (:func:`load_fashion_mnist`, fetched from Debian; :func:`read_idx` reads its
+Fashion-MNIST padded to 32×32 (:func:`load_fashion_mnist`, fetched from Debian; :func:`primal_attention.data.idx.read_idx` reads its
 IDX files), and :func:`load` / :func:`fetch`, which :func:`~primal_attention.data.lra.load_lra` and
 :func:`~primal_attention.data.lra.fetch_lra` dispatch to.
 
@@ -8,14 +8,13 @@ Sequences are the flattened 32×32 image, ``(M, 1024)``; tokens: grey level + 1 
 
 from __future__ import annotations
 
-import gzip
 import pickle
-import struct
 from pathlib import Path
 
 import numpy as np
 
 from primal_attention.data.base import DataError, SequenceData
+from primal_attention.data.idx import read_idx
 from primal_attention.data.fetch import fetch_debian_package
 from primal_attention.data.lra.common import (
     check_fixed_seq_len,
@@ -25,7 +24,7 @@ from primal_attention.data.lra.common import (
     to_data,
 )
 
-__all__ = ["load_cifar10_dir", "load_fashion_mnist", "read_idx", "load", "fetch"]
+__all__ = ["load_cifar10_dir", "load_fashion_mnist", "load", "fetch"]
 
 
 def _rgb_to_grey(rgb: np.ndarray) -> np.ndarray:
@@ -76,24 +75,6 @@ def load_cifar10_dir(data_dir: str | Path, split: str, *, num_examples: int | No
     x, mask = pixels_to_tokens(_rgb_to_grey(rgb))
     return to_data(x, mask, y, num_classes=10, vocab_size=257, name="CIFAR10-grey",
                    meta={"task": "image", "split": split, "source": str(root), "standin": None})
-
-
-def read_idx(path: Path, magic: int) -> np.ndarray:
-    """The uint8 array in a gzipped IDX file whose header starts with ``magic`` (its low byte is the number of
-    dimensions: 2051 for images ``(n, rows, cols)``, 2049 for labels ``(n,)``)."""
-    try:
-        with gzip.open(path, "rb") as f:
-            raw = f.read()
-    except (OSError, EOFError) as exc:
-        raise DataError(f"{path}: not a readable gzip file ({exc})") from exc
-    if len(raw) < 8 or struct.unpack(">I", raw[:4])[0] != magic:
-        raise DataError(f"{path}: not an IDX file with magic {magic}")
-    ndim = magic & 0xFF
-    dims = struct.unpack(f">{ndim}I", raw[4:4 + 4 * ndim])
-    data = np.frombuffer(raw, np.uint8, offset=4 + 4 * ndim)
-    if data.size != int(np.prod(dims)):
-        raise DataError(f"{path}: header says {dims}, found {data.size} values")
-    return data.reshape(dims)
 
 
 def _fashion_mnist_root(progress: bool) -> Path:
