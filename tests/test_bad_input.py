@@ -88,3 +88,20 @@ def test_fully_padded_sample_is_finite_and_defined(name, causal) -> None:
 def test_unknown_attention_name() -> None:
     with pytest.raises(ValueError, match="unknown attention 'flash'; available: .*primal"):
         build_attention("flash", 16, 2)
+
+
+def test_check_input_dtype_option() -> None:
+    from primal_attention.layers.checks import check_input
+
+    x = torch.randn(2, 3, 4, dtype=torch.float16)
+    check_input(x, None, 4, name="SoftmaxAttention")  # no dtype given: no check
+    check_input(x, None, 4, name="SoftmaxAttention", dtype=torch.float16)
+    expected = (r"^SoftmaxAttention: expected x of dtype torch.bfloat16 \(the layer's parameters\), "
+                r"got torch.float16; convert with layer.half\(\) or x.bfloat16\(\)$")
+    with pytest.raises(ValueError, match=expected):
+        check_input(x, None, 4, name="SoftmaxAttention", dtype=torch.bfloat16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        check_input(x, None, 4, name="SoftmaxAttention", dtype=torch.float32)
+    with pytest.raises(ValueError, match="floating-point"):  # the integer case keeps its own message
+        check_input(torch.ones(2, 3, 4, dtype=torch.long), None, 4, dtype=torch.float32)
+

@@ -54,6 +54,13 @@ class PrimalCache(NamedTuple):
     seq_len: int = 0
 
 
+def _norm_eps(dtype: torch.dtype) -> float:
+    """F.normalize's eps, raised to the smallest normal number of dtype: in float16 ``1e-12`` is 0,
+    so an all-zero row (the prefix mean of leading padding) would give 0/0 = NaN. Equal to
+    :data:`EPS` in float32, float64 and bfloat16."""
+    return max(EPS, torch.finfo(dtype).tiny)
+
+
 def valid_sample_index(mask: Tensor, num_samples: int) -> Tensor:
     """Vectorised :func:`primal_attention.reference.valid_sample_index`: (B, n) int64."""
     count = mask.sum(dim=1)  # (B,)
@@ -158,7 +165,7 @@ class _FoldedPrimal(torch.autograd.Function):
             fg = f2.view(rows, groups, d)
             inv = rn[b0:b1, r0:r1].view(rows, groups)
             torch.linalg.vector_norm(fg, dim=-1, out=inv)
-            inv.clamp_min_(EPS).reciprocal_()
+            inv.clamp_min_(_norm_eps(dtype)).reciprocal_()
             fg.mul_(inv[:, :, None])
 
             if gram is not None:
@@ -257,7 +264,7 @@ class _FoldedPrimal(torch.autograd.Function):
             fg = f2.view(rows, groups, d)
             dfg = df.view(rows, groups, d)
             # ‖qk‖ ≤ eps: F.normalize divides by the constant eps there, the projection term drops.
-            coef = (fg * dfg).sum(dim=-1).mul_(inv).mul_(inv < 1.0 / EPS)
+            coef = (fg * dfg).sum(dim=-1).mul_(inv).mul_(inv < 1.0 / _norm_eps(dtype))
             dfg.mul_(inv[:, :, None]).sub_(fg * coef[:, :, None])
             if dx is not None:
                 xr = dx[b0:b1, r0:r1].view(rows, -1)
@@ -334,7 +341,7 @@ def primal_attention(
     qk = F.linear(x, qk_weight, qk_bias)  # (B, N, 2D)
     if causal:
         qk = _causal_prefix_mean(qk, real)
-    features = F.normalize(qk.view(batch, seq_len, 2 * heads, d), p=2.0, dim=-1, eps=EPS)
+    features = F.normalize(qk.view(batch, seq_len, 2 * heads, d), p=2.0, dim=-1, eps=_norm_eps(qk.dtype))
     features = features.view(batch, seq_len, 2 * dim)
     out = mix_and_project(features, proj, weights, heads=heads, real=real, dropout_p=dropout_p, training=training)
     return out, PrimalCache(features, proj, token_weight, None, seq_len)

@@ -13,14 +13,20 @@ def check_input(
     *,
     check_finite: bool = False,
     name: str = "attention",
+    dtype: torch.dtype | None = None,
 ) -> None:
-    """Raise a ValueError naming what was expected when x (B, N, D) or mask (B, N) bool is off."""
+    """Raise a ValueError naming what was expected when x (B, N, D) or mask (B, N) bool is off.
+
+    dtype: the layer's parameter dtype; when given, x must carry it (see :func:`check_dtype`).
+    """
     if not isinstance(x, Tensor):
         raise TypeError(f"{name}: expected x to be a torch.Tensor, got {type(x).__name__}")
     if x.dim() != 3 or x.shape[-1] != embed_dim:
         raise ValueError(f"{name}: expected x of shape (B, N, {embed_dim}), got {tuple(x.shape)}")
     if not x.is_floating_point():
         raise ValueError(f"{name}: expected a floating-point x, got {x.dtype}")
+    if dtype is not None:
+        check_dtype(x, dtype, name)
     if x.shape[1] == 0:
         raise ValueError(f"{name}: expected at least one token, got x of shape {tuple(x.shape)}")
     if mask is not None:
@@ -33,6 +39,30 @@ def check_input(
             )
     if check_finite and not bool(torch.isfinite(x).all()):
         raise ValueError(f"{name}: x contains NaN or Inf")
+
+
+#: the Tensor / Module method that converts to each dtype, for the hint of :func:`check_dtype`.
+_CONVERT = {torch.float64: "double()", torch.float32: "float()", torch.float16: "half()", torch.bfloat16: "bfloat16()"}
+
+
+def _autocast_on(device_type: str) -> bool:
+    try:
+        return torch.is_autocast_enabled(device_type)
+    except RuntimeError:  # a device type autocast does not know (e.g. meta): no autocast there
+        return False
+
+
+def check_dtype(x: Tensor, dtype: torch.dtype, name: str, arg: str = "x") -> None:
+    """Raise a ValueError unless x has the parameters' dtype; autocast (x's device) allows any mix.
+
+    Without it torch fails deep inside a matmul with "expected scalar type Float but found Double".
+    """
+    if x.dtype == dtype or _autocast_on(x.device.type):
+        return
+    to_x = _CONVERT.get(x.dtype, f"to({x.dtype})")
+    to_param = _CONVERT.get(dtype, f"to({dtype})")
+    raise ValueError(f"{name}: expected {arg} of dtype {dtype} (the layer's parameters), got {x.dtype}; "
+                     f"convert with layer.{to_x} or {arg}.{to_param}")
 
 
 def resolve_mask(mask: Tensor | None, attn_mask: Tensor | None, name: str) -> Tensor | None:

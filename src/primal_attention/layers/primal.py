@@ -29,7 +29,10 @@ KSVDTerm = functional.PrimalCache | reference.PrimalTrace
 class PrimalState(NamedTuple):
     """Incremental state of a causal :class:`PrimalAttention`.
 
-    total: (B, 2D) sum of [q | k] over the real tokens so far; count: (B,) their number.
+    total: (B, 2D) sum of [q | k] over the real tokens so far; count: (B,) their number. Both in
+    float32, or the parameters' dtype if wider (also under autocast). :meth:`PrimalAttention.step`
+    checks that a state is this layer's: a TypeError for anything but a PrimalState, a ValueError
+    for another batch size, width, dtype or device.
     """
 
     total: Tensor
@@ -65,11 +68,17 @@ class PrimalAttention(nn.Module):
             math of :mod:`primal_attention.reference`, for checks and timing; no dropout).
         check_finite: raise on NaN / Inf input (a device sync per call; off by default).
 
-    Dtypes: x must have the parameters' dtype (a float64 x into a float32 layer is a ValueError
-    saying so), except under autocast. Under autocast the causal prefix sums and the decoding state
-    of :meth:`step` are accumulated in float32. Double backward (e.g. gradient penalties) works on
-    the reference path and the per-head fast path; the folded fast path (N ≥ 16·D) raises a
-    RuntimeError that says so.
+    Dtypes: x must have the parameters' dtype, except under autocast (``torch.is_autocast_enabled``
+    for x's device type), where mixed dtypes are the point: a float64 x into a float32 layer is
+    ``ValueError: PrimalAttention: expected x of dtype torch.float32 (the layer's parameters), got
+    torch.float64; convert with layer.double() or x.float()``. Under autocast (and for a bf16 /
+    fp16 layer) the causal prefix sums and the ``total`` / ``count`` of the :meth:`step` state are
+    accumulated in float32 (or the parameters' dtype if wider); outputs are in the autocast dtype.
+
+    Double backward (``create_graph=True`` then a second grad, e.g. gradient penalties) works on
+    ``impl="reference"`` and on the per-head fast path (N < 16·D); the folded fast path (N ≥ 16·D,
+    hand-written backward) raises ``RuntimeError: PrimalAttention: the folded fast path (N >= 16·D)
+    has no double backward; ...`` — use ``impl="reference"`` there.
 
     Shapes:
         forward: x (B, N, D), mask (B, N) bool (True = real token) or None -> (B, N, D).
@@ -323,23 +332,26 @@ class PrimalAttention(nn.Module):
         if mask_t is not None and (mask_t.dtype != torch.bool or mask_t.shape != (batch,)):
             raise ValueError(f"PrimalAttention.step: expected mask_t of shape ({batch},) bool, got {tuple(mask_t.shape)} {mask_t.dtype}")
         check_dtype(x_t, self.q_proj.weight.dtype, "PrimalAttention.step", "x_t")
+        # The running sums stay in float32 (or the parameters' dtype if wider), also under autocast
+        # and for a bf16 / fp16 layer: in bf16 the count stops at 256.
+        acc = torch.promote_types(self.q_proj.weight.dtype, torch.float32)
+        if state is None:
+            state = PrimalState(torch.zeros(batch, 2 * self.embed_dim, dtype=acc, device=x_t.device),
+                                torch.zeros(batch, dtype=acc, device=x_t.device))
+        self._check_state(state, batch, acc, x_t.device)
         w = self.weights()
         qk_weight = torch.cat([w.q_weight, w.k_weight], dim=0)
         qk_bias = None if w.q_bias is None else torch.cat([w.q_bias, w.k_bias], dim=0)
         qk = F.linear(x_t, qk_weight, qk_bias)  # (B, 2D), in the autocast dtype under autocast
-        # The running sums stay in float32 (or wider) under autocast: in bf16 the count stops at 256.
-        acc = torch.promote_types(w.q_weight.dtype, torch.float32)
         real = torch.ones(batch, dtype=acc, device=qk.device) if mask_t is None else mask_t.to(acc)
-        if state is None:
-            state = PrimalState(torch.zeros(batch, 2 * self.embed_dim, dtype=acc, device=qk.device),
-                                torch.zeros(batch, dtype=acc, device=qk.device))
-        self._check_state(state, batch, acc, qk.device)
         total = state.total + qk.to(acc) * real[:, None]
         count = state.count + real
         mean = (total / count.clamp_min(1.0)[:, None]).view(batch, 1, 2 * self.num_heads, self.head_dim)
         features = F.normalize(mean, p=2.0, dim=-1, eps=reference.EPS).view(batch, 1, 2 * self.embed_dim)
+        # The rest in the dtype of the forward's features (x's compute dtype), as in the full forward.
+        features, real_c = features.to(qk.dtype), real.to(qk.dtype)
         proj = torch.stack([w.we, w.wr])[None]
-        out = functional.mix_and_project(features, proj, w, heads=self.num_heads, real=real[:, None])
+        out = functional.mix_and_project(features, proj, w, heads=self.num_heads, real=real_c[:, None])
         out = out if token_axis else out[:, 0]
         return out, PrimalState(total, count)
 
@@ -348,14 +360,19 @@ class PrimalAttention(nn.Module):
         if not isinstance(state, PrimalState):
             raise TypeError(f"PrimalAttention.step: expected state to be a PrimalState (or None to start), "
                             f"got {type(state).__name__}")
+        if not (isinstance(state.total, Tensor) and isinstance(state.count, Tensor)):
+            raise TypeError(f"PrimalAttention.step: expected a PrimalState of tensors, got total "
+                            f"{type(state.total).__name__} and count {type(state.count).__name__}")
         want = (batch, 2 * self.embed_dim)
         if tuple(state.total.shape) != want or tuple(state.count.shape) != (batch,):
             raise ValueError(f"PrimalAttention.step: expected a state with total {want} and count ({batch},), got "
                              f"total {tuple(state.total.shape)} and count {tuple(state.count.shape)} "
                              "(a state of another layer or batch?)")
-        if state.total.device != device or state.total.dtype != dtype or state.count.dtype != dtype:
+        same_device = state.total.device == state.count.device == device
+        if not same_device or not (state.total.dtype == state.count.dtype == dtype):
             raise ValueError(f"PrimalAttention.step: expected a state of dtype {dtype} on {device}, got "
-                             f"{state.total.dtype} / {state.count.dtype} on {state.total.device}")
+                             f"total {state.total.dtype} on {state.total.device} and count {state.count.dtype} "
+                             f"on {state.count.device}")
 
     def extra_repr(self) -> str:
         n = f", num_samples={self.num_samples}" if not self.causal else ""
