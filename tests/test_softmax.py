@@ -51,3 +51,8 @@ def test_padding_content_does_not_leak() -> None:
 def test_materialised_cannot_be_fused() -> None:
     with pytest.raises(ValueError, match="never fused"):
         MaterializedSoftmaxAttention(16, 2, fused=True)
+
+
+def test_dtype_mismatch_is_a_clear_error() -> None:
+    with pytest.raises(ValueError, match="expected x of dtype torch.float32"):
+        SoftmaxAttention(16, 2)(torch.randn(2, 5, 16, dtype=torch.float64))

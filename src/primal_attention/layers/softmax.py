@@ -79,7 +79,7 @@ class SoftmaxAttention(nn.Module):
         """x: (B, N, D); mask (or timm's attn_mask): (B, N) bool, True = real token -> (B, N, D)."""
         name = type(self).__name__
         mask = resolve_mask(mask, attn_mask, name)
-        check_input(x, mask, self.embed_dim, check_finite=self.check_finite, name=name)
+        check_input(x, mask, self.embed_dim, check_finite=self.check_finite, name=name, dtype=self.q_proj.weight.dtype)
         batch, seq_len, dim = x.shape
 
         def heads(t: Tensor) -> Tensor:
