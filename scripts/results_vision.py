@@ -58,6 +58,11 @@ def write_table() -> None:
                      f"{percent_cell([r['best_val_acc'] for r in rs])} | {wall} |")
     lines += [
         "",
+        "**Reading it:** on this 5-epoch schedule every model's validation accuracy was still rising at the last",
+        "epoch (so the selected epoch is the last one and the three test columns nearly coincide); the ranking",
+        "holds for this schedule only and may change with a longer one. Two runs shared the 2-core machine at a",
+        "time, so compare wall times loosely.",
+        "",
         "For comparison only, on different data (ImageNet-1K, 300 epochs): the paper reports DeiT-Small/16",
         "79.8 % top-1 and Primal.+DeiT-Small 79.8 % (Table 5; only block 11 primal, s 96, η 0.05).",
         "",
