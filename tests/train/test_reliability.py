@@ -82,7 +82,9 @@ def test_shorter_schedule_is_not_resumable(tmp_path) -> None:
 def test_ctrl_c_keeps_the_checkpoint_and_says_how_to_continue(tmp_path) -> None:
     out = tmp_path / "run"
     proc = subprocess.Popen([sys.executable, "-m", "primal_attention.cli", "train", str(CONFIG), "--out", str(out),
-                             *sets("train.epochs=200")], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             *sets("train.epochs=200")], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            # a shell that started us in the background may ignore SIGINT; the child must not
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     latest = out / "seed_0" / "checkpoints" / "latest"
     deadline = time.time() + 300
     while time.time() < deadline and not latest.is_file():
