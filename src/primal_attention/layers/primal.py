@@ -374,6 +374,17 @@ class PrimalAttention(nn.Module):
                              f"total {state.total.dtype} on {state.total.device} and count {state.count.dtype} "
                              f"on {state.count.device}")
 
+    def prefill_state(self, x: Tensor) -> PrimalState:
+        """The :meth:`step` state after the whole prefix x (B, N, D) (no padding): Σ [q | k] and N."""
+        if not self.causal:
+            raise RuntimeError("PrimalAttention.prefill_state: only causal layers decode incrementally")
+        w = self.weights()
+        acc = torch.promote_types(w.q_weight.dtype, torch.float32)
+        qk_weight = torch.cat([w.q_weight, w.k_weight], dim=0)
+        qk_bias = None if w.q_bias is None else torch.cat([w.q_bias, w.k_bias], dim=0)
+        total = F.linear(x, qk_weight, qk_bias).to(acc).sum(dim=1)
+        return PrimalState(total, torch.full((x.shape[0],), float(x.shape[1]), dtype=acc, device=x.device))
+
     def extra_repr(self) -> str:
         n = f", num_samples={self.num_samples}" if not self.causal else ""
         return (

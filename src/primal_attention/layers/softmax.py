@@ -8,7 +8,7 @@ True = real token. Padding output rows equal ``out_proj.bias``.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -16,6 +16,13 @@ from torch import Tensor, nn
 
 from primal_attention.layers.checks import check_heads, check_input, resolve_mask
 from primal_attention.layers.registry import register_attention
+
+
+class KVCache(NamedTuple):
+    """Decoding state of a causal softmax layer: keys and values so far, (B, H, T, d) each."""
+
+    k: Tensor
+    v: Tensor
 
 
 @register_attention("softmax")
@@ -102,6 +109,46 @@ class SoftmaxAttention(nn.Module):
         if mask is not None:
             y = y * mask[:, :, None].to(y.dtype)
         return self.out_proj(y)
+
+
+    def prefill_state(self, x: Tensor) -> KVCache:
+        """The decoding state after the whole prefix x (B, N, D): its keys and values (no padding)."""
+        if not self.causal:
+            raise RuntimeError(f"{type(self).__name__}: only causal layers decode incrementally")
+        batch, seq_len, _ = x.shape
+        k = self.k_proj(x).view(batch, seq_len, self.num_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(batch, seq_len, self.num_heads, self.head_dim).transpose(1, 2)
+        return KVCache(k, v)
+
+    def step(self, x_t: Tensor, state: KVCache | None = None) -> tuple[Tensor, KVCache]:
+        """Incremental decoding for causal layers with a KV cache: x_t (B, D) or (B, 1, D).
+
+        Returns out_t with x_t's shape (equal to row t of the causal forward on the prefix) and the
+        cache extended by this token: O(t) time and memory per token.
+        """
+        name = type(self).__name__
+        if not self.causal:
+            raise RuntimeError(f"{name}.step: only causal layers decode incrementally")
+        token_axis = x_t.dim() == 3
+        x = x_t if token_axis else x_t[:, None]
+        if x.dim() != 3 or x.shape[1] != 1 or x.shape[-1] != self.embed_dim:
+            raise ValueError(f"{name}.step: expected x_t of shape (B, {self.embed_dim}), got {tuple(x_t.shape)}")
+        batch = x.shape[0]
+
+        def heads(t: Tensor) -> Tensor:
+            return t.view(batch, 1, self.num_heads, self.head_dim).transpose(1, 2)
+
+        q, k, v = heads(self.q_proj(x)), heads(self.k_proj(x)), heads(self.v_proj(x))
+        if state is not None:
+            if not isinstance(state, KVCache):
+                raise TypeError(f"{name}.step: expected state to be a KVCache (or None to start), got {type(state).__name__}")
+            if state.k.shape[0] != batch or state.k.shape[1] != self.num_heads or state.k.shape[-1] != self.head_dim:
+                raise ValueError(f"{name}.step: expected a cache of shape ({batch}, {self.num_heads}, T, {self.head_dim}), "
+                                 f"got {tuple(state.k.shape)} (a state of another layer or batch?)")
+            k, v = torch.cat([state.k, k], dim=2), torch.cat([state.v, v], dim=2)
+        y = F.scaled_dot_product_attention(q, k, v)  # the new token attends to every cached one
+        out = self.out_proj(y.transpose(1, 2).reshape(batch, 1, self.embed_dim))
+        return (out if token_axis else out[:, 0]), KVCache(k, v)
 
 
 @register_attention("softmax_materialized")

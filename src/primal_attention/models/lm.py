@@ -7,12 +7,13 @@ The paper's WikiText-103 setting makes only the last layer primal (causal family
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from primal_attention.layers.inputs import record_inputs
 from primal_attention.models.transformer import TransformerStack
 from primal_attention.models.dropout import Dropout
 
@@ -31,8 +32,21 @@ class CausalLMConfig:
     dropout: float = 0.1
 
 
+class LMState(NamedTuple):
+    """Decoding state of a :class:`CausalLM`: the next position and one state per block (a primal
+    layer's O(1) :class:`~primal_attention.layers.primal.PrimalState`, a softmax layer's KV cache)."""
+
+    position: int
+    layers: list[Any]
+
+
 class CausalLM(nn.Module):
-    """forward(tokens (B, N) int64, mask=None) -> logits (B, N, vocab_size); loss() gives the NLL."""
+    """forward(tokens (B, N) int64, mask=None) -> logits (B, N, vocab_size); loss() gives the NLL.
+
+    Decoding: :meth:`prefill` (one forward over a prompt, returning the state), :meth:`step` (one
+    token) and :meth:`generate`. They run in eval semantics (no dropout) and equal the full forward
+    at every position.
+    """
 
     def __init__(self, config: CausalLMConfig) -> None:
         super().__init__()
@@ -66,3 +80,61 @@ class CausalLM(nn.Module):
         """Next-token NLL of tokens[:, 1:] given tokens[:, :-1]."""
         logits = self(tokens[:, :-1])
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1), reduction=reduction)
+
+    def step(self, tokens_t: Tensor, state: LMState | None = None) -> tuple[Tensor, LMState]:
+        """tokens_t (B,) int64, the state (None to start) -> logits (B, V) for the next token, new state."""
+        if tokens_t.dim() != 1 or tokens_t.dtype != torch.int64:
+            raise ValueError(f"CausalLM.step: expected int64 tokens (B,), got {tuple(tokens_t.shape)} {tokens_t.dtype}")
+        if state is not None and not isinstance(state, LMState):
+            raise TypeError(f"CausalLM.step: expected an LMState (or None to start), got {type(state).__name__}")
+        position = 0 if state is None else state.position
+        if position >= self.config.max_seq_len:
+            raise ValueError(f"CausalLM.step: position {position} is past max_seq_len {self.config.max_seq_len}")
+        h = self.embed(tokens_t) + self.pos[position]
+        h, layers = self.decoder.step(h, None if state is None else state.layers)
+        return h @ self.embed.weight.T, LMState(position + 1, layers)
+
+    def prefill(self, prompt: Tensor) -> tuple[Tensor, LMState]:
+        """One forward over prompt (B, N0) int64 -> logits (B, N0, V) and the state after it."""
+        attentions = [(str(i), block.attn) for i, block in enumerate(self.decoder.blocks)]
+        missing = [type(a).__name__ for _, a in attentions if not hasattr(a, "prefill_state")]
+        if missing:
+            raise TypeError(f"CausalLM.prefill: {missing[0]} has no incremental decoding")
+        with record_inputs(attentions) as seen:
+            logits = self(prompt)
+        layers = [attn.prefill_state(seen[name].x) for name, attn in attentions]
+        return logits, LMState(prompt.shape[1], layers)
+
+    @torch.no_grad()
+    def generate(self, prompt: Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
+                 generator: torch.Generator | None = None) -> Tensor:
+        """Sample a continuation: prompt (B, N0) int64 -> (B, N0 + max_new_tokens).
+
+        temperature 0 is greedy decoding; top_k keeps the k most likely tokens before sampling.
+        The model must be in eval mode (no dropout); it is put there and restored.
+        """
+        if max_new_tokens < 0 or prompt.shape[1] + max_new_tokens > self.config.max_seq_len:
+            raise ValueError(f"CausalLM.generate: prompt length {prompt.shape[1]} + {max_new_tokens} new tokens "
+                             f"exceeds max_seq_len {self.config.max_seq_len}")
+        if temperature < 0 or (top_k is not None and top_k <= 0):
+            raise ValueError(f"CausalLM.generate: need temperature >= 0 and top_k > 0, got {temperature}, {top_k}")
+        was = self.training
+        self.eval()
+        try:
+            logits, state = self.prefill(prompt)
+            out, next_logits = [prompt], logits[:, -1]
+            for i in range(max_new_tokens):
+                if temperature == 0:
+                    token = next_logits.argmax(-1)
+                else:
+                    scaled = next_logits / temperature
+                    if top_k is not None:
+                        kth = scaled.topk(min(top_k, scaled.shape[-1]), dim=-1).values[:, -1:]
+                        scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+                    token = torch.multinomial(scaled.softmax(-1), 1, generator=generator)[:, 0]
+                out.append(token[:, None])
+                if i + 1 < max_new_tokens:
+                    next_logits, state = self.step(token, state)
+            return torch.cat(out, dim=1)
+        finally:
+            self.train(was)

@@ -84,6 +84,18 @@ class TransformerBlock(nn.Module):
         x = self.norm1(x + self.drop_path(self.drop(self.attn(x, mask))))
         return self.norm2(x + self.drop_path(self.drop(self.ffn(x))))
 
+    def step(self, x_t: Tensor, state: Any = None) -> tuple[Tensor, Any]:
+        """One token through the block (eval semantics: dropout off): x_t (B, D) -> (B, D), state."""
+        if not hasattr(self.attn, "step"):
+            raise TypeError(f"TransformerBlock.step: {type(self.attn).__name__} has no incremental decoding")
+        if self.norm_first:
+            a, state = self.attn.step(self.norm1(x_t), state)
+            x_t = x_t + a
+            return x_t + self.ffn(self.norm2(x_t)), state
+        a, state = self.attn.step(x_t, state)
+        x_t = self.norm1(x_t + a)
+        return self.norm2(x_t + self.ffn(x_t)), state
+
 
 class TransformerStack(nn.Module):
     """A stack of :class:`TransformerBlock`, one attention kind per layer.
@@ -151,6 +163,17 @@ class TransformerStack(nn.Module):
         for block in self.blocks:
             x = block(x, mask)
         return self.norm(x)
+
+    def step(self, x_t: Tensor, states: list[Any] | None = None) -> tuple[Tensor, list[Any]]:
+        """One token through every block: x_t (B, D) -> (B, D) and the per-block states (None to start)."""
+        states = [None] * len(self.blocks) if states is None else states
+        if len(states) != len(self.blocks):
+            raise ValueError(f"TransformerStack.step: expected {len(self.blocks)} block states, got {len(states)}")
+        new = []
+        for block, state in zip(self.blocks, states):
+            x_t, state = block.step(x_t, state)
+            new.append(state)
+        return self.norm(x_t), new
 
 
 def hybrid_pattern(num_layers: int, kind: str, other: str = "softmax") -> list[str]:
