@@ -122,11 +122,12 @@ def _normalised(levels: np.ndarray, scale: float, mean: Sequence[float], std: Se
     return torch.from_numpy(x)
 
 
-def _image_data(levels: np.ndarray, scale: float, labels: np.ndarray, mean: Sequence[float], std: Sequence[float],
-                **fields) -> ImageData:
-    meta = {**fields.pop("meta"), "mean": tuple(mean), "std": tuple(std)}
+def _image_data(levels: np.ndarray, scale: float, labels: np.ndarray, mean: Sequence[float], std: Sequence[float], *,
+                num_classes: int, name: str, meta: dict) -> ImageData:
+    """Normalised :class:`ImageData` from integer levels (M, C, H, W); mean / std join ``meta``."""
     y = torch.from_numpy(np.ascontiguousarray(labels, dtype=np.int64))
-    return ImageData(_normalised(levels, scale, mean, std), y, meta=meta, **fields)
+    return ImageData(_normalised(levels, scale, mean, std), y, num_classes, name,
+                     {**meta, "mean": tuple(mean), "std": tuple(std)})
 
 
 def load_fashion_mnist_images(split: str, *, num_examples: int | None = None, seed: int = 0, progress: bool = True
