@@ -76,3 +76,25 @@ def test_bad_decoding_input_is_a_clear_error() -> None:
         attn.step(torch.randn(3, 16), cache)
     with pytest.raises(TypeError, match="has no incremental decoding"):
         pa.TransformerStack(["linear"], 16, 2, 32, causal=True).blocks[0].step(torch.randn(2, 16))
+
+
+def test_decoding_needs_eval_mode_and_a_cache_of_this_layer() -> None:
+    model = lm(PATTERNS["hybrid"]).train()
+    with pytest.raises(RuntimeError, match=r"CausalLM.step: decoding runs without dropout; call model.eval\(\)"):
+        model.step(torch.zeros(2, dtype=torch.int64))
+    with pytest.raises(RuntimeError, match="CausalLM.prefill: decoding runs without dropout"):
+        model.prefill(torch.zeros(2, 3, dtype=torch.int64))
+    with pytest.raises(RuntimeError, match="TransformerBlock.step: decoding runs without dropout"):
+        model.decoder.blocks[0].step(torch.zeros(2, 16, dtype=torch.float64))
+    assert model.generate(torch.zeros(2, 3, dtype=torch.int64), 2, temperature=0).shape == (2, 5)
+    assert model.training  # generate restores the mode
+    with pytest.raises(ValueError, match="max_new_tokens must be an int >= 0"):
+        model.generate(torch.zeros(2, 3, dtype=torch.int64), 2.5)
+    attn = pa.SoftmaxAttention(16, 2, causal=True)
+    _, cache = attn.step(torch.randn(2, 16))
+    _, cache = attn.step(torch.randn(2, 1, 16), cache)
+    assert cache.k.shape == cache.v.shape == (2, 2, 2, 8)  # (B, H, T, d): one entry per step
+    with pytest.raises(ValueError, match=r"got \(2, 2, 2, 8\) and \(2, 2, 1, 8\)"):
+        attn.step(torch.randn(2, 16), KVCache(cache.k, cache.v[:, :, :1]))
+    with pytest.raises(ValueError, match="expected a cache of dtype torch.float32"):
+        attn.step(torch.randn(2, 16), KVCache(cache.k.double(), cache.v.double()))

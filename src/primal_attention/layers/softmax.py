@@ -110,7 +110,6 @@ class SoftmaxAttention(nn.Module):
             y = y * mask[:, :, None].to(y.dtype)
         return self.out_proj(y)
 
-
     def prefill_state(self, x: Tensor) -> KVCache:
         """The decoding state after the whole prefix x (B, N, D): its keys and values (no padding)."""
         if not self.causal:
@@ -140,15 +139,27 @@ class SoftmaxAttention(nn.Module):
 
         q, k, v = heads(self.q_proj(x)), heads(self.k_proj(x)), heads(self.v_proj(x))
         if state is not None:
-            if not isinstance(state, KVCache):
-                raise TypeError(f"{name}.step: expected state to be a KVCache (or None to start), got {type(state).__name__}")
-            if state.k.shape[0] != batch or state.k.shape[1] != self.num_heads or state.k.shape[-1] != self.head_dim:
-                raise ValueError(f"{name}.step: expected a cache of shape ({batch}, {self.num_heads}, T, {self.head_dim}), "
-                                 f"got {tuple(state.k.shape)} (a state of another layer or batch?)")
+            self._check_cache(state, batch, k)
             k, v = torch.cat([state.k, k], dim=2), torch.cat([state.v, v], dim=2)
         y = F.scaled_dot_product_attention(q, k, v)  # the new token attends to every cached one
         out = self.out_proj(y.transpose(1, 2).reshape(batch, 1, self.embed_dim))
         return (out if token_axis else out[:, 0]), KVCache(k, v)
+
+    def _check_cache(self, state: Any, batch: int, k_t: Tensor) -> None:
+        """One clear error for a state that is not this layer's (another layer, batch, type or dtype)."""
+        name = type(self).__name__
+        if not isinstance(state, KVCache) or not all(isinstance(t, Tensor) for t in state):
+            raise TypeError(f"{name}.step: expected state to be a KVCache of tensors (or None to start), "
+                            f"got {type(state).__name__}")
+        k, v = state
+        want = (batch, self.num_heads, self.head_dim)
+        if k.dim() != 4 or v.shape != k.shape or (k.shape[0], k.shape[1], k.shape[3]) != want:
+            raise ValueError(f"{name}.step: expected a cache of k and v of shape ({batch}, {self.num_heads}, T, "
+                             f"{self.head_dim}), got {tuple(k.shape)} and {tuple(v.shape)} "
+                             "(a state of another layer or batch?)")
+        if not (k.dtype == v.dtype == k_t.dtype) or not (k.device == v.device == k_t.device):
+            raise ValueError(f"{name}.step: expected a cache of dtype {k_t.dtype} on {k_t.device}, got "
+                             f"{k.dtype} on {k.device}")
 
 
 @register_attention("softmax_materialized")

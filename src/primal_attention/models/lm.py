@@ -44,8 +44,9 @@ class CausalLM(nn.Module):
     """forward(tokens (B, N) int64, mask=None) -> logits (B, N, vocab_size); loss() gives the NLL.
 
     Decoding: :meth:`prefill` (one forward over a prompt, returning the state), :meth:`step` (one
-    token) and :meth:`generate`. They run in eval semantics (no dropout) and equal the full forward
-    at every position.
+    token) and :meth:`generate`. They equal the eval-mode forward at every position: prefill and
+    step raise a RuntimeError in training mode (call ``model.eval()``); generate switches to eval
+    and back. Positions are learned up to ``max_seq_len``, so decoding stops there.
     """
 
     def __init__(self, config: CausalLMConfig) -> None:
@@ -67,12 +68,16 @@ class CausalLM(nn.Module):
             attention_options=c.attention_options,
         )
 
-    def forward(self, tokens: Tensor, mask: Tensor | None = None) -> Tensor:
-        if tokens.dim() != 2 or tokens.dtype != torch.int64:
-            raise ValueError(f"CausalLM: expected int64 tokens (B, N), got {tuple(tokens.shape)} {tokens.dtype}")
-        if not 0 < tokens.shape[1] <= self.config.max_seq_len:
-            raise ValueError(f"CausalLM: expected 1..{self.config.max_seq_len} tokens, got {tokens.shape[1]}")
-        h = self.drop(self.embed(tokens) + self.pos[: tokens.shape[1]])
+    def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
+        """x: (B, N) int64 tokens, mask: (B, N) bool or None -> logits (B, N, vocab_size)."""
+        if x.dim() != 2 or x.dtype != torch.int64:
+            raise ValueError(f"CausalLM: expected int64 tokens (B, N), got {tuple(x.shape)} {x.dtype}")
+        if not 0 < x.shape[1] <= self.config.max_seq_len:
+            raise ValueError(f"CausalLM: expected 1..{self.config.max_seq_len} tokens, got {x.shape[1]}")
+        if x.numel() and (int(x.min()) < 0 or int(x.max()) >= self.config.vocab_size):
+            raise ValueError(f"CausalLM: token ids must be in [0, {self.config.vocab_size}), got "
+                             f"[{int(x.min())}, {int(x.max())}]")
+        h = self.drop(self.embed(x) + self.pos[: x.shape[1]])
         h = self.decoder(h, mask)
         return h @ self.embed.weight.T
 
@@ -85,6 +90,7 @@ class CausalLM(nn.Module):
         """tokens_t (B,) int64, the state (None to start) -> logits (B, V) for the next token, new state."""
         if tokens_t.dim() != 1 or tokens_t.dtype != torch.int64:
             raise ValueError(f"CausalLM.step: expected int64 tokens (B,), got {tuple(tokens_t.shape)} {tokens_t.dtype}")
+        self._check_eval("step")
         if state is not None and not isinstance(state, LMState):
             raise TypeError(f"CausalLM.step: expected an LMState (or None to start), got {type(state).__name__}")
         position = 0 if state is None else state.position
@@ -96,6 +102,7 @@ class CausalLM(nn.Module):
 
     def prefill(self, prompt: Tensor) -> tuple[Tensor, LMState]:
         """One forward over prompt (B, N0) int64 -> logits (B, N0, V) and the state after it."""
+        self._check_eval("prefill")
         attentions = [(str(i), block.attn) for i, block in enumerate(self.decoder.blocks)]
         missing = [type(a).__name__ for _, a in attentions if not hasattr(a, "prefill_state")]
         if missing:
@@ -105,6 +112,10 @@ class CausalLM(nn.Module):
         layers = [attn.prefill_state(seen[name].x) for name, attn in attentions]
         return logits, LMState(prompt.shape[1], layers)
 
+    def _check_eval(self, method: str) -> None:
+        if self.training:
+            raise RuntimeError(f"CausalLM.{method}: decoding runs without dropout; call model.eval() first")
+
     @torch.no_grad()
     def generate(self, prompt: Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
                  generator: torch.Generator | None = None) -> Tensor:
@@ -113,7 +124,11 @@ class CausalLM(nn.Module):
         temperature 0 is greedy decoding; top_k keeps the k most likely tokens before sampling.
         The model must be in eval mode (no dropout); it is put there and restored.
         """
-        if max_new_tokens < 0 or prompt.shape[1] + max_new_tokens > self.config.max_seq_len:
+        if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 0:
+            raise ValueError(f"CausalLM.generate: max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
+        if prompt.dim() != 2:
+            raise ValueError(f"CausalLM.generate: expected an int64 prompt (B, N0), got {tuple(prompt.shape)}")
+        if prompt.shape[1] + max_new_tokens > self.config.max_seq_len:
             raise ValueError(f"CausalLM.generate: prompt length {prompt.shape[1]} + {max_new_tokens} new tokens "
                              f"exceeds max_seq_len {self.config.max_seq_len}")
         if temperature < 0 or (top_k is not None and top_k <= 0):

@@ -85,9 +85,12 @@ class TransformerBlock(nn.Module):
         return self.norm2(x + self.drop_path(self.drop(self.ffn(x))))
 
     def step(self, x_t: Tensor, state: Any = None) -> tuple[Tensor, Any]:
-        """One token through the block (eval semantics: dropout off): x_t (B, D) -> (B, D), state."""
+        """One token through the block: x_t (B, D) -> (B, D), state. Eval mode only (no dropout, no
+        drop path), so that it equals the eval-mode forward; a RuntimeError in training mode."""
         if not hasattr(self.attn, "step"):
             raise TypeError(f"TransformerBlock.step: {type(self.attn).__name__} has no incremental decoding")
+        if self.training:
+            raise RuntimeError("TransformerBlock.step: decoding runs without dropout; call .eval() first")
         if self.norm_first:
             a, state = self.attn.step(self.norm1(x_t), state)
             x_t = x_t + a

