@@ -94,7 +94,7 @@ def _train(args: argparse.Namespace) -> int:
 def _eval_one(path: Path, last: bool) -> dict:
     from primal_attention.train.checkpoint import CheckpointError
     from primal_attention.train.run import load_run
-    from primal_attention.train.trainer import evaluate
+    from primal_attention.train.tasks import evaluate
 
     run = load_run(path, last=last)
     if run.checkpoint is None:
@@ -131,6 +131,8 @@ def _data_fetch(args: argparse.Namespace) -> int:
 
     name = args.name
     try:
+        if name == "lm":
+            return _print_lm_data(args.vocab_size)
         if name in TASKS:
             where = fetch_lra(name, progress=True)
         elif name == "fsdd":
@@ -147,6 +149,52 @@ def _data_fetch(args: argparse.Namespace) -> int:
         print(f"primal data fetch: error: {err}", file=sys.stderr)
         return 2
     print(f"{name}: ready at {where}")
+    return 0
+
+
+def _print_lm_data(vocab_size: int) -> int:
+    from primal_attention.data.lm import lm_data_info
+
+    info = lm_data_info(vocab_size=vocab_size)
+    print(f"LM corpora (split rule: {info['rule']})")
+    for split, t in info["splits"].items():
+        print(f"  {split:5s} {t['works']:3d} works, {t['bytes'] / 1e6:6.2f} MB, {t['tokens']:9d} tokens (BPE {vocab_size})")
+    for corpus, parts in info["corpora"].items():
+        for split in ("val", "test"):
+            print(f"  {corpus} {split}: {', '.join(parts[split]['works']) or '-'}")
+    return 0
+
+
+def _generate(args: argparse.Namespace) -> int:
+    import torch
+
+    from primal_attention.train.checkpoint import CheckpointError
+    from primal_attention.train.config import ConfigError
+    from primal_attention.train.run import load_lm_run
+
+    try:
+        run = load_lm_run(args.run, last=args.last)
+    except (CheckpointError, ConfigError) as err:
+        print(f"primal generate: error: {err}", file=sys.stderr)
+        return 2
+    tok = run.tokenizer
+    ids = tok.encode(args.prompt) or [tok.eot_id]  # an empty prompt starts a new document
+    context = run.model.config.max_seq_len
+    if len(ids) + args.max_new_tokens > context:
+        print(f"primal generate: error: the prompt ({len(ids)} tokens) + --max-new-tokens {args.max_new_tokens} "
+              f"exceeds the model's context of {context} tokens", file=sys.stderr)
+        return 2
+    if not args.temperature >= 0:  # also NaN
+        print(f"primal generate: error: --temperature must be >= 0, got {args.temperature}", file=sys.stderr)
+        return 2
+    generator = torch.Generator(device=run.device).manual_seed(args.seed)
+    prompt = torch.tensor([ids] * args.num_samples, dtype=torch.int64, device=run.device)
+    out = run.model.generate(prompt, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+                             generator=generator)
+    for i, row in enumerate(out.tolist()):
+        if args.num_samples > 1:  # samples may hold newlines: a header line separates them
+            print(f"=== sample {i} ===")
+        print(tok.decode(row if args.prompt else row[1:]))
     return 0
 
 
@@ -202,14 +250,27 @@ def build_parser() -> argparse.ArgumentParser:
     data = sub.add_parser("data", help="prepare datasets")
     data_sub = data.add_subparsers(dest="data_command", required=True)
     p = data_sub.add_parser("fetch", help="fetch / generate and cache a dataset")
-    p.add_argument("name", help="an LRA task (listops, text, retrieval, image, pathfinder), fsdd, or a UEA dataset name")
+    p.add_argument("name", help="an LRA task (listops, text, retrieval, image, pathfinder), fsdd, lm (the language-model "
+                                "corpora: Shakespeare, Milton, KJV Bible), or a UEA dataset name")
     p.add_argument("--data-dir", help="UEA: where to download the archive files (default: the cache)")
+    p.add_argument("--vocab-size", type=_positive, default=4096, help="lm: train (or load) the BPE of this size and report token counts")
     p.set_defaults(func=_data_fetch)
 
     p = sub.add_parser("eval", help="evaluate a trained run: a seed's run directory, a ckpt-* directory, or the --out folder of primal train (every seed)")
     p.add_argument("checkpoint")
     p.add_argument("--last", action="store_true", help="use the last weights even where a holdout-selected best exists")
     p.set_defaults(func=_eval)
+
+    p = sub.add_parser("generate", help="continue a prompt with a trained language model (a run of data.family lm)")
+    p.add_argument("run", help="a run directory (e.g. runs/x/seed_0) or a ckpt-* directory")
+    p.add_argument("--prompt", default="", help="text to continue (default: start a new document)")
+    p.add_argument("--max-new-tokens", type=_positive, default=100)
+    p.add_argument("--temperature", type=float, default=1.0, help="0 = greedy decoding")
+    p.add_argument("--top-k", type=_positive, default=None, help="sample among the k most likely tokens")
+    p.add_argument("--num-samples", type=_positive, default=1, help="continuations of the same prompt (a batch)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the sampling generator")
+    p.add_argument("--last", action="store_true", help="use the last weights instead of the val-selected ones")
+    p.set_defaults(func=_generate)
 
     p = sub.add_parser("spectrum", help="singular value spectra of the attention layers and KSVD diagnostics")
     p.add_argument("target", help="a run directory (e.g. runs/x/seed_0), a ckpt-* directory, or a YAML config (untrained)")

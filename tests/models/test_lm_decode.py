@@ -11,16 +11,17 @@ from primal_attention.layers.softmax import KVCache
 PATTERNS = {"softmax": ["softmax"] * 3, "hybrid": ["softmax", "softmax", "primal"], "all-primal": ["primal"] * 3}
 
 
-def lm(pattern: list[str]) -> pa.CausalLM:
+def lm(pattern: list[str], **blocks) -> pa.CausalLM:
     torch.manual_seed(0)
     cfg = pa.CausalLMConfig(vocab_size=23, max_seq_len=40, dim=16, num_heads=2, ffn_dim=32, attention=pattern,
-                            attention_options={"primal": {"rank": 4}}, dropout=0.1)
+                            attention_options={"primal": {"rank": 4}}, dropout=0.1, **blocks)
     return pa.CausalLM(cfg).double().eval()
 
 
+@pytest.mark.parametrize("blocks", [{}, {"norm_first": False, "activation": "relu"}], ids=["prenorm", "postnorm-relu"])
 @pytest.mark.parametrize("kind", list(PATTERNS))
-def test_step_by_step_equals_the_full_forward(kind) -> None:
-    model = lm(PATTERNS[kind])
+def test_step_by_step_equals_the_full_forward(kind, blocks) -> None:
+    model = lm(PATTERNS[kind], **blocks)
     tokens = torch.randint(0, 23, (3, 30), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         full = model(tokens)

@@ -92,6 +92,16 @@ def test_schedules() -> None:
     assert lrs[0] == pytest.approx(0.1) and lrs[9] == pytest.approx(1.0)
     assert lrs[60] == pytest.approx(0.5) and lrs[-1] < 0.02
 
+    cfg = config_from_dict({"optim": {"schedule": "inverse_sqrt", "warmup_steps": 4}})
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    sched = make_scheduler(cfg, opt, total_steps=100)
+    lrs = []
+    for _ in range(16):
+        lrs.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    assert lrs[:4] == pytest.approx([0.25, 0.5, 0.75, 1.0]) and lrs[15] == pytest.approx(0.5)  # sqrt(4 / 16)
+
 
 def test_resume_after_sigkill_matches_uninterrupted_run(tmp_path) -> None:
     args = sets("train.epochs=6", "model.dropout=0.1", "train.eta=0.2")

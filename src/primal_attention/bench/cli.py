@@ -38,7 +38,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true", help="the quick grid (training step, fp32 eager, N 256-4096; < 3 min on 2 cores)")
     p.add_argument("--preset", choices=sorted(PRESETS), default=None, help="grid preset (default full; --quick = quick)")
     p.add_argument("--out", default=None, help="output directory (default bench_results/<preset>-<time>)")
-    p.add_argument("--levels", type=_choices(LEVELS), help=f"comma-separated subset of {','.join(LEVELS)}")
+    p.add_argument("--levels", type=_choices((*LEVELS, "decode")),
+                   help=f"comma-separated subset of {','.join(LEVELS)},decode (decode: language-model decoding, tokens/s and "
+                        "memory vs context; --seq-lens are its contexts, default 1K-64K)")
     p.add_argument("--seq-lens", type=_ints, help="comma-separated N, e.g. 256,1024,4096")
     p.add_argument("--batch", type=int)
     p.add_argument("--dtypes", type=_choices(DTYPES), help="fp32,bf16 (bf16 = autocast)")
@@ -71,6 +73,8 @@ def run(args: argparse.Namespace) -> int:
             return 2
         result = report.merge([report.load(v) for v in sources])
         out = Path(args.out) if args.out else sources[0].parent
+    elif args.levels and "decode" in args.levels:
+        return _run_decode(args, preset)
     else:
         from primal_attention.bench.harness import run_grid
 
@@ -97,6 +101,25 @@ def run(args: argparse.Namespace) -> int:
         print(f"target {t['target']}: {val} (goal {t['goal']}) {met}")
     for kind, path in paths.items():
         print(f"{kind}: {path}")
+    return 0
+
+
+def _run_decode(args: argparse.Namespace, preset: str) -> int:
+    """The decode level (alone, or before the grid's other levels into the same --out)."""
+    from primal_attention.bench import decode
+
+    cfg = decode.DecodeConfig(
+        contexts=args.seq_lens or decode.DEFAULT_CONTEXTS, batch=args.batch or 1, threads=args.threads or 1,
+        device=args.device or "cpu",
+    )
+    out = Path(args.out) if args.out else Path("bench_results") / f"decode-{time.strftime('%Y%m%d-%H%M%S')}"
+    result = decode.run_decode(cfg, max_total_s=None if args.max_minutes is None else args.max_minutes * 60)
+    for kind, path in decode.write_outputs(result, out).items():
+        print(f"{kind}: {path}")
+    rest = tuple(level for level in args.levels if level != "decode")
+    if rest:
+        args.levels, args.out = rest, str(out)
+        return run(args)
     return 0
 
 

@@ -55,6 +55,8 @@ __all__ = [
     "lm_splits",
     "lm_tokenizer",
     "load_lm",
+    "load_lm_files",
+    "TEXT_FILES",
     "shared_text_groups",
     "split_works",
 ]
@@ -293,18 +295,24 @@ def lm_tokenizer(vocab_size: int, *, path: str | Path | None = None,
     cannot fill ``vocab_size``.
     """
     if path is not None and Path(path).is_file():
-        tok = BPETokenizer.load(path)
-        if tok.vocab_size != vocab_size:
-            raise ValueError(f"tokenizer {path} has vocab_size {tok.vocab_size}, expected {vocab_size}")
-        return tok
+        return _load_sized(path, vocab_size)
     corpora = fetch_lm_corpora(progress) if corpora is None else corpora
     splits = lm_splits(corpora) if splits is None else splits
-    if path is None:
-        key = _sha(json.dumps({c: s["train"] for c, s in sorted(splits.items())}))
-        path = cache_dir("lm") / f"bpe-{vocab_size}-{key}.json"
-        if path.is_file():
-            return BPETokenizer.load(path)
-    texts = _split_texts(corpora, splits, "train")
+    key = _sha(json.dumps({c: s["train"] for c, s in sorted(splits.items())}))
+    return _trained_tokenizer(_split_texts(corpora, splits, "train"), vocab_size, path or cache_dir("lm") / f"bpe-{vocab_size}-{key}.json", progress)
+
+
+def _load_sized(path: str | Path, vocab_size: int) -> BPETokenizer:
+    tok = BPETokenizer.load(path)
+    if tok.vocab_size != vocab_size:
+        raise ValueError(f"tokenizer {path} has vocab_size {tok.vocab_size}, expected {vocab_size}")
+    return tok
+
+
+def _trained_tokenizer(texts: Sequence[str], vocab_size: int, path: str | Path, progress: bool) -> BPETokenizer:
+    """The BPE at ``path`` if it exists, else one trained on ``texts`` and saved there."""
+    if Path(path).is_file():
+        return _load_sized(path, vocab_size)
     say(progress, f"training a byte-level BPE ({vocab_size} tokens) on {sum(map(len, texts)) / 1e6:.1f}M characters")
     t0 = time.time()
     tok = BPETokenizer.train(texts, vocab_size)
@@ -387,6 +395,14 @@ class LMData:
         return int(self.token_bytes[self.blocks(block_len)[:, 1:]].sum())
 
 
+def _save_tokens(path: Path, tokens: Tensor) -> None:
+    def write(tmp: Path) -> None:
+        with tmp.open("wb") as f:
+            np.save(f, tokens.numpy().astype(np.int32))
+
+    _write_atomic(path, write)
+
+
 def _encoded_split(tok: BPETokenizer, corpora, splits, split: str, progress: bool) -> Tensor:
     """The token stream of ``split``, cached per tokenizer and split lists."""
     works = {c: s[split] for c, s in sorted(splits.items())}
@@ -395,14 +411,65 @@ def _encoded_split(tok: BPETokenizer, corpora, splits, split: str, progress: boo
         return torch.from_numpy(np.load(path).astype(np.int64))
     t0 = time.time()
     data = LMData.from_texts(_split_texts(corpora, splits, split), tok, 1)
-
-    def write(tmp: Path) -> None:
-        with tmp.open("wb") as f:
-            np.save(f, data.tokens.numpy().astype(np.int32))
-
-    _write_atomic(path, write)
+    _save_tokens(path, data.tokens)
     say(progress, f"encoded {split}: {data.tokens.numel()} tokens ({time.time() - t0:.1f} s)")
     return data.tokens
+
+
+#: split -> accepted file names in a ``text_files`` folder, first match wins (WikiText-103's included).
+TEXT_FILES = {
+    "train": ("train.txt", "wiki.train.tokens", "wiki.train.raw"),
+    "val": ("valid.txt", "val.txt", "wiki.valid.tokens", "wiki.valid.raw"),
+    "test": ("test.txt", "wiki.test.tokens", "wiki.test.raw"),
+}
+
+
+def _text_file(data_dir: Path, split: str) -> Path:
+    for name in TEXT_FILES[split]:
+        if (data_dir / name).is_file():
+            return data_dir / name
+    raise DataError(f"no {split} text in {data_dir}: expected one of {', '.join(TEXT_FILES[split])}")
+
+
+def load_lm_files(data_dir: str | Path, split: str, *, vocab_size: int, block_len: int,
+                  tokenizer_path: str | Path | None = None, max_tokens: int | None = None,
+                  progress: bool = True) -> LMData:
+    """One split of a folder of text files (:data:`TEXT_FILES`: ``train.txt`` / ``valid.txt`` /
+    ``test.txt``, or WikiText-103's ``wiki.{train,valid,test}.tokens``) as :class:`LMData`.
+
+    Each file is one stream followed by ``<|endoftext|>``; the byte-level BPE is trained on the
+    train file (cached by its content, or at ``tokenizer_path``). WikiText's own word-level
+    vocabulary is not used, so perplexities are per BPE token; bits per byte compare across both.
+    """
+    _check_split(split)
+    if max_tokens is not None and max_tokens < 1:
+        raise ValueError(f"max_tokens must be positive or None, got {max_tokens}")
+    root = Path(data_dir)
+    if not root.is_dir():
+        raise DataError(f"LM data_dir {root} is not a directory")
+    train_text = _read_text_file(_text_file(root, "train"))
+    if tokenizer_path is not None and Path(tokenizer_path).is_file():
+        tok = _load_sized(tokenizer_path, vocab_size)
+    else:
+        tok = _trained_tokenizer([train_text], vocab_size,
+                                 tokenizer_path or cache_dir("lm") / f"bpe-{vocab_size}-files-{_sha(train_text)}.json", progress)
+    path = _text_file(root, split)
+    text = train_text if split == "train" else _read_text_file(path)
+    cached = cache_dir("lm") / f"tokens-{_sha(tok.to_json() + _sha(text))}-file.npy"
+    if cached.is_file():
+        tokens = torch.from_numpy(np.load(cached).astype(np.int64))
+    else:
+        tokens = LMData.from_texts([text], tok, 1).tokens
+        _save_tokens(cached, tokens)
+    return LMData(tokens[:max_tokens], tok, block_len, split=split, works={"files": [path.name]},
+                  meta={"name": f"text files in {root}", "source": str(path), "max_tokens": max_tokens})
+
+
+def _read_text_file(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8-sig").replace("\r\n", "\n")
+    except UnicodeDecodeError as err:
+        raise DataError(f"{path} is not UTF-8 text ({err})") from err
 
 
 def load_lm(split: str, *, vocab_size: int, block_len: int, tokenizer_path: str | Path | None = None,

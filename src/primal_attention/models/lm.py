@@ -30,6 +30,10 @@ class CausalLMConfig:
     attention: list[str] = field(default_factory=lambda: ["softmax"] * 5 + ["primal"])
     attention_options: dict[str, dict[str, Any]] = field(default_factory=dict)
     dropout: float = 0.1
+    #: pre-norm blocks with a final LayerNorm (True) or post-norm (False, fairseq's transformer_lm).
+    norm_first: bool = True
+    #: FFN activation: "gelu" or "relu" (fairseq's transformer_lm).
+    activation: str = "gelu"
 
 
 class LMState(NamedTuple):
@@ -53,7 +57,11 @@ class CausalLM(nn.Module):
         super().__init__()
         c = config
         self.config = c
+        # Tied input / output embedding, initialised N(0, 1/D) and scaled by sqrt(D) on input (as
+        # fairseq's transformer_lm), so the initial logits have unit scale: loss ≈ ln(vocab_size).
         self.embed = nn.Embedding(c.vocab_size, c.dim)
+        nn.init.normal_(self.embed.weight, std=c.dim ** -0.5)
+        self.embed_scale = c.dim ** 0.5
         self.pos = nn.Parameter(torch.zeros(c.max_seq_len, c.dim))
         nn.init.normal_(self.pos, std=0.02)
         self.drop = Dropout(c.dropout)
@@ -66,6 +74,8 @@ class CausalLM(nn.Module):
             causal=True,
             max_seq_len=c.max_seq_len,
             attention_options=c.attention_options,
+            norm_first=c.norm_first,
+            activation=c.activation,
         )
 
     def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
@@ -77,7 +87,7 @@ class CausalLM(nn.Module):
         if x.numel() and (int(x.min()) < 0 or int(x.max()) >= self.config.vocab_size):
             raise ValueError(f"CausalLM: token ids must be in [0, {self.config.vocab_size}), got "
                              f"[{int(x.min())}, {int(x.max())}]")
-        h = self.drop(self.embed(x) + self.pos[: x.shape[1]])
+        h = self.drop(self.embed(x) * self.embed_scale + self.pos[: x.shape[1]])
         h = self.decoder(h, mask)
         return h @ self.embed.weight.T
 
@@ -96,7 +106,7 @@ class CausalLM(nn.Module):
         position = 0 if state is None else state.position
         if position >= self.config.max_seq_len:
             raise ValueError(f"CausalLM.step: position {position} is past max_seq_len {self.config.max_seq_len}")
-        h = self.embed(tokens_t) + self.pos[position]
+        h = self.embed(tokens_t) * self.embed_scale + self.pos[position]
         h, layers = self.decoder.step(h, None if state is None else state.layers)
         return h @ self.embed.weight.T, LMState(position + 1, layers)
 

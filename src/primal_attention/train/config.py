@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 
 from primal_attention.models.classifier import ClassifierConfig
+from primal_attention.models.lm import CausalLMConfig
 from primal_attention.models.vision import ViTConfig
 
 
@@ -28,13 +29,17 @@ class DataConfig:
     """Which dataset and how to cut it.
 
     family: "uea" (a UEA archive dataset), "fsdd" (Free Spoken Digit MFCCs), "lra" (a Long Range
-    Arena task), "vision" (images: fashion_mnist, digits, or image_folder with ``data_dir``).
+    Arena task), "vision" (images: fashion_mnist, digits, or image_folder with ``data_dir``), "lm"
+    (language modelling: ``corpora``, the Shakespeare / Milton / Bible stand-in, or ``text_files``,
+    train / valid / test text files in ``data_dir`` such as WikiText-103's ``wiki.*.tokens``).
     name: the dataset or task name. data_dir: user-provided files (UEA ``.ts`` archive, LRA release
     files, an ImageFolder tree), else what is bundled or generated here. val_fraction: the stratified
     validation split carved from TRAIN under the holdout protocol. max_examples: cap on TRAIN (a
     fixed random subset; None = all); max_test_examples: cap on TEST (None = max_examples). For
     generated LRA tasks these are the numbers of examples generated. seq_len: sequence length (LRA).
-    options: loader-specific extras.
+    options: loader-specific extras (lm: ``vocab_size`` of the byte-level BPE, default 4096;
+    ``max_tokens``, a cap on each split's token stream for quick runs). For lm, seq_len is the
+    context L of the training blocks and the model.
     """
 
     family: str = "uea"
@@ -85,14 +90,23 @@ the other fields and their defaults are those of :class:`primal_attention.ViTCon
 dim, num_heads, ffn_dim, attention_options, dropout, attention_dropout, drop_path, qkv_bias).
 Image size and channels come from the data.""", derived=frozenset({"image_size", "in_channels"}))
 
+LMModelConfig = model_section("LMModelConfig", CausalLMConfig, """The causal language model (``data.family: lm``).
+
+kind / layers / attention as for :class:`ModelConfig` (``primal+``: only the last layer primal, the
+paper's WikiText-103 model); the other fields and their defaults are those of
+:class:`primal_attention.CausalLMConfig` (dim, num_heads, ffn_dim, attention_options, dropout).
+Vocabulary and context come from the data.""")
+
 #: data family -> its ``model:`` section.
-MODEL_SECTIONS = {"uea": ModelConfig, "fsdd": ModelConfig, "lra": ModelConfig, "vision": VisionModelConfig}
+MODEL_SECTIONS = {"uea": ModelConfig, "fsdd": ModelConfig, "lra": ModelConfig, "vision": VisionModelConfig,
+                  "lm": LMModelConfig}
 
 
 @dataclass
 class OptimConfig:
     """Optimiser and schedule. name: radam | adam | adamw. schedule: constant | linear | cosine
-    (one-cycle: linear warmup over ``warmup_steps``, then linear or cosine decay to 0)."""
+    (one-cycle: linear warmup over ``warmup_steps``, then linear or cosine decay to 0) | inverse_sqrt
+    (linear warmup, then lr · sqrt(warmup_steps / step), fairseq's)."""
 
     name: str = "radam"
     lr: float = 1e-3
@@ -118,6 +132,10 @@ class TrainConfig:
     eval_batch_size: int = 64
     eta: float = 0.0
     ksvd_reduction: str = "sample"
+    #: "mean": task loss (a mean) + η·KSVD. "summed": η·KSVD is added to the batch's summed task loss
+    #: and the total divided by its targets, as the authors' LM criterion (fairseq) does: η then
+    #: weighs 1 / (targets per batch) of what it weighs under "mean".
+    ksvd_weighting: str = "mean"
     ksvd_form: str = "authors"
     protocol: str = "authors"
     #: holdout protocol: also evaluate TEST at every evaluation, so a run reports the authors'
@@ -153,7 +171,8 @@ class ExperimentConfig:
             (self.model.kind in ("transformer", "primalformer", "primal+"), "model.kind must be transformer, primalformer or primal+"),
             (self.model.layers > 0, "model.layers must be positive"),
             (self.optim.name in ("radam", "adam", "adamw"), "optim.name must be radam, adam or adamw"),
-            (self.optim.schedule in ("constant", "linear", "cosine"), "optim.schedule must be constant, linear or cosine"),
+            (self.optim.schedule in ("constant", "linear", "cosine", "inverse_sqrt"),
+             "optim.schedule must be constant, linear, cosine or inverse_sqrt"),
             (self.optim.lr > 0, "optim.lr must be positive"),
             (len(self.optim.betas) == 2, "optim.betas must have two values"),
             ((self.train.epochs is None) != (self.train.steps is None), "give exactly one of train.epochs and train.steps"),
@@ -163,6 +182,9 @@ class ExperimentConfig:
             (self.train.keep_checkpoints > 0, "train.keep_checkpoints must be positive"),
             (self.train.eta >= 0, "train.eta must be >= 0"),
             (self.train.ksvd_reduction in ("batch", "sample"), "train.ksvd_reduction must be batch or sample"),
+            (self.train.ksvd_weighting in ("mean", "summed"), "train.ksvd_weighting must be mean or summed"),
+            (self.data.family != "lm" or (self.data.seq_len or 0) > 0,
+             "data.seq_len (the context of the training blocks) must be a positive integer for data.family lm"),
             (self.train.ksvd_form in ("authors", "paper"), "train.ksvd_form must be authors or paper"),
             (self.train.protocol in ("authors", "holdout"), "train.protocol must be authors or holdout"),
         ]

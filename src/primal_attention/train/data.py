@@ -9,6 +9,7 @@ from typing import Any, NamedTuple
 from primal_attention.data.base import SequenceData
 from primal_attention.data.splits import stratified_split
 from primal_attention.models.classifier import ClassifierConfig, SequenceClassifier
+from primal_attention.models.lm import CausalLM, CausalLMConfig
 from primal_attention.models.transformer import hybrid_pattern
 from primal_attention.models.vision import VisionTransformer, ViTConfig
 from torch import nn
@@ -41,7 +42,39 @@ def _load_pair(cfg: DataConfig) -> tuple[SequenceData, SequenceData]:
                 load_lra(cfg.name, "test", num_examples=test_cap, **kw))
     if cfg.family == "vision":
         return _load_images(cfg)
-    raise ConfigError(f"data.family must be uea, fsdd, lra or vision, got {cfg.family!r}")
+    raise ConfigError(f"data.family must be uea, fsdd, lra, vision or lm, got {cfg.family!r}")
+
+
+#: data.name of the lm family.
+LM_DATASETS = ("corpora", "text_files")
+#: data.options of the lm family.
+LM_OPTIONS = ("vocab_size", "max_tokens")
+
+
+def lm_options(cfg: DataConfig) -> dict[str, Any]:
+    """``vocab_size`` (default 4096) and ``max_tokens`` (default None) of an lm data section, checked."""
+    unknown = sorted(set(cfg.options) - set(LM_OPTIONS))
+    if unknown:
+        raise ConfigError(f"data.options: unknown for data.family lm: {', '.join(unknown)}; expected {', '.join(LM_OPTIONS)}")
+    vocab, cap = cfg.options.get("vocab_size", 4096), cfg.options.get("max_tokens")
+    if isinstance(vocab, bool) or not isinstance(vocab, int) or vocab < 257:
+        raise ConfigError(f"data.options.vocab_size must be an integer >= 257 (256 bytes and <|endoftext|>), got {vocab!r}")
+    if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 2):
+        raise ConfigError(f"data.options.max_tokens must be an integer >= 2 or null, got {cap!r}")
+    return {"vocab_size": vocab, "max_tokens": cap}
+
+
+def _load_lm(cfg: DataConfig, split: str):
+    from primal_attention.data import lm
+
+    kw = dict(block_len=cfg.seq_len, progress=True, **lm_options(cfg))
+    if cfg.name == "corpora":
+        return lm.load_lm(split, **kw)
+    if cfg.name == "text_files":
+        if cfg.data_dir is None:
+            raise ConfigError("data.name=text_files needs data.data_dir (train.txt / valid.txt / test.txt, or wiki.*.tokens)")
+        return lm.load_lm_files(cfg.data_dir, split, **kw)
+    raise ConfigError(f"data.name: LM dataset must be one of {', '.join(LM_DATASETS)}, got {cfg.name!r}")
 
 
 #: data.name of the vision family -> its loader.
@@ -98,8 +131,14 @@ def build_splits(cfg: ExperimentConfig) -> Splits:
     """Load the data of ``cfg.data`` and cut it for ``cfg.train.protocol``.
 
     holdout: a stratified ``val_fraction`` of TRAIN (seeded by the run's seed) becomes the
-    validation split and is not trained on.
+    validation split and is not trained on. Language models have a validation split of their own
+    (held-out works), used under holdout.
     """
+    if cfg.data.family == "lm":  # validation and test are held-out works / files: no split of TRAIN
+        if cfg.data.max_examples is not None or cfg.data.max_test_examples is not None:
+            raise ConfigError("data.max_examples does not apply to data.family lm; cap the streams with data.options.max_tokens")
+        train, val, test = (_load_lm(cfg.data, s) for s in ("train", "val", "test"))
+        return Splits(train, val if cfg.train.protocol == "holdout" else None, test)
     train, test = _load_pair(cfg.data)
     test_cap = cfg.data.max_test_examples if cfg.data.max_test_examples is not None else cfg.data.max_examples
     train, test = _cap(train, cfg.data.max_examples), _cap(test, test_cap)
@@ -129,6 +168,9 @@ def architecture(section: Any) -> dict[str, Any]:
 def build_model(cfg: ExperimentConfig, data) -> nn.Module:
     """The model of ``cfg.model`` sized for ``data``: a :class:`SequenceClassifier` (classes, input
     width, sequence length) or, for images, a :class:`VisionTransformer` (classes, size, channels)."""
+    if cfg.data.family == "lm":
+        return CausalLM(CausalLMConfig(vocab_size=data.vocab_size, max_seq_len=data.block_len,
+                                       attention=attention_pattern(cfg), **architecture(cfg.model)))
     if cfg.data.family == "vision":
         return VisionTransformer(ViTConfig(num_classes=data.num_classes, image_size=data.image_size,
                                            in_channels=data.in_channels, attention=attention_pattern(cfg),
@@ -164,6 +206,8 @@ def check_buildable(cfg: ExperimentConfig) -> None:
             raise ConfigError(f"train.device={name} but CUDA is not available here; use train.device=cpu or auto")
     if cfg.data.family == "lra" and cfg.data.name not in TASKS:
         raise ConfigError(f"data.name: LRA task must be one of {', '.join(TASKS)}, got {cfg.data.name!r}")
+    if cfg.data.family == "lm" and cfg.data.name not in LM_DATASETS:
+        raise ConfigError(f"data.name: LM dataset must be one of {', '.join(LM_DATASETS)}, got {cfg.data.name!r}")
     if cfg.data.family == "vision" and cfg.data.name not in IMAGE_DATASETS:
         raise ConfigError(f"data.name: vision dataset must be one of {', '.join(IMAGE_DATASETS)}, got {cfg.data.name!r}")
     tokens = cfg.data.family == "lra"
@@ -172,7 +216,10 @@ def check_buildable(cfg: ExperimentConfig) -> None:
         num_classes=2, seq_len=cfg.data.seq_len or 16, vocab_size=2 if tokens else None,
         num_features=None if tokens else 1, x2=True if cfg.data.name == "retrieval" else None,
         image_size=size, in_channels=1 if cfg.data.name in ("fashion_mnist", "digits") else 3,
+        block_len=cfg.data.seq_len or 16,
     )
+    if cfg.data.family == "lm":
+        stand_in.vocab_size = lm_options(cfg.data)["vocab_size"]
     try:
         with torch.device("meta"):
             build_model(cfg, stand_in)

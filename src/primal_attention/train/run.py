@@ -1,4 +1,5 @@
-"""Load a trained run (or a config) back: the one sequence behind ``primal eval`` and ``primal spectrum``.
+"""Load a trained run (or a config) back: the one sequence behind ``primal eval`` and ``primal spectrum``;
+:func:`load_lm_run` (a language model and its tokenizer, no data) is behind ``primal generate``.
 
 find the run -> its config -> the data splits -> the device -> the model -> its weights.
 """
@@ -7,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -15,6 +17,9 @@ from primal_attention.train.checkpoint import CheckpointError, find_run, load_ru
 from primal_attention.train.config import ExperimentConfig, load_config
 from primal_attention.train.data import Splits, build_model, build_splits
 from primal_attention.train.trainer import resolve_device
+
+if TYPE_CHECKING:
+    from primal_attention.data.lm import BPETokenizer
 
 
 @dataclass
@@ -68,3 +73,44 @@ def load_run(path: str | Path, *, overrides: list[str] | None = None, last: bool
         return LoadedRun(cfg, splits, model, device, path, "init", None)
     which = load_run_weights(model, ckpt, last=last)
     return LoadedRun(cfg, splits, model, device, path, which, ckpt)
+
+
+@dataclass
+class LoadedLM:
+    """A trained language model with its tokenizer, ready to generate (no data is loaded)."""
+
+    cfg: ExperimentConfig
+    model: nn.Module
+    tokenizer: "BPETokenizer"
+    device: torch.device
+    weights: str
+    checkpoint: Path
+
+
+def load_lm_run(path: str | Path, *, last: bool = False) -> LoadedLM:
+    """A run of ``data.family: lm`` (run directory or ``ckpt-*`` directory) with the tokenizer saved
+    beside its config (``tokenizer.json``); the val-selected weights unless ``last``, eval mode.
+
+    Raises:
+        CheckpointError: no run at ``path``, not a language model, or no tokenizer.json.
+    """
+    from types import SimpleNamespace
+
+    from primal_attention.data.base import DataError
+    from primal_attention.data.lm import BPETokenizer
+
+    run_dir, ckpt = find_run(Path(path))
+    cfg = load_config(run_dir / "config.yaml")
+    if cfg.data.family != "lm":
+        raise CheckpointError(f"{run_dir} is a run of data.family {cfg.data.family}, not a language model (lm)")
+    tok_path = run_dir / "tokenizer.json"
+    if not tok_path.is_file():
+        raise CheckpointError(f"{run_dir} has no tokenizer.json (it is written when training starts)")
+    try:
+        tokenizer = BPETokenizer.load(tok_path)
+    except DataError as err:
+        raise CheckpointError(str(err)) from err
+    device = resolve_device(cfg.train.device)
+    model = build_model(cfg, SimpleNamespace(vocab_size=tokenizer.vocab_size, block_len=cfg.data.seq_len)).to(device)
+    which = load_run_weights(model, ckpt, last=last)
+    return LoadedLM(cfg, model.eval(), tokenizer, device, which, ckpt)

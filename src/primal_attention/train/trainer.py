@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from primal_attention.allocator import retain_freed_memory
@@ -42,6 +41,7 @@ from primal_attention.train.checkpoint import (
 from primal_attention.train.config import ConfigError, ExperimentConfig, config_to_dict, dump_config, load_config
 from primal_attention.train.data import Splits, build_model, build_splits, train_batch
 from primal_attention.train.stats import mean_std
+from primal_attention.train.tasks import Task, evaluate, task_for
 
 
 class RunError(ValueError):
@@ -101,7 +101,8 @@ def make_optimizer(cfg: ExperimentConfig, model: nn.Module) -> torch.optim.Optim
 
 
 def make_scheduler(cfg: ExperimentConfig, optimizer: torch.optim.Optimizer, total_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
-    """constant (after optional warmup), or one-cycle: linear warmup then linear / cosine decay to 0."""
+    """constant (after optional warmup), one-cycle (linear warmup then linear / cosine decay to 0), or
+    inverse_sqrt (fairseq's: linear warmup, then lr · sqrt(warmup / step))."""
     o = cfg.optim
     warmup = o.warmup_steps
 
@@ -110,6 +111,8 @@ def make_scheduler(cfg: ExperimentConfig, optimizer: torch.optim.Optimizer, tota
             return (step + 1) / warmup
         if o.schedule == "constant":
             return 1.0
+        if o.schedule == "inverse_sqrt":
+            return math.sqrt(max(1, warmup) / (step + 1))
         progress = min(1.0, (step - warmup) / max(1, total_steps - warmup))
         if o.schedule == "linear":
             return 1.0 - progress
@@ -123,22 +126,6 @@ def _first_batch(data, size: int, device: torch.device) -> Batch:
     return data.batch(torch.arange(min(len(data), size))).to(device)
 
 
-@torch.no_grad()
-def evaluate(model: nn.Module, data: SequenceData, batch_size: int, device: torch.device) -> dict[str, float]:
-    """Accuracy and mean cross-entropy of ``model`` on ``data``."""
-    was_training = model.training
-    model.eval()
-    correct, loss, count = 0, 0.0, 0
-    for start in range(0, len(data), batch_size):
-        b = data.batch(torch.arange(start, min(start + batch_size, len(data)))).to(device)
-        logits = model(**b.inputs).float()
-        loss += F.cross_entropy(logits, b.y, reduction="sum").item()
-        correct += int((logits.argmax(-1) == b.y).sum())
-        count += len(b)
-    model.train(was_training)
-    return {"acc": correct / max(count, 1), "loss": loss / max(count, 1)}
-
-
 @dataclass
 class _Loop:
     """Everything one run's loop carries from step to step (and a checkpoint restores)."""
@@ -150,6 +137,7 @@ class _Loop:
     splits: Splits
     total: int
     steps_per_epoch: int
+    task: Task
     step: int = 0
     history: list[dict[str, Any]] = field(default_factory=list)
     best: dict[str, Any] | None = None
@@ -251,7 +239,10 @@ class Trainer:
         steps_per_epoch = math.ceil(len(splits.train) / t.batch_size)
         total = t.steps if t.steps is not None else t.epochs * steps_per_epoch
         scheduler = make_scheduler(cfg, optimizer, total)
-        return _Loop(model, net, optimizer, scheduler, splits, total, steps_per_epoch)
+        if self.is_main and hasattr(splits.train, "tokenizer"):
+            self.out.mkdir(parents=True, exist_ok=True)
+            splits.train.tokenizer.save(self.out / "tokenizer.json")  # `primal generate` reads it
+        return _Loop(model, net, optimizer, scheduler, splits, total, steps_per_epoch, task_for(splits.train))
 
     def _restore(self, loop: _Loop) -> None:
         """Continue from the latest checkpoint, if there is one: weights, optimiser, schedule, RNG, history."""
@@ -279,9 +270,12 @@ class Trainer:
         b = train_batch(self.cfg, loop.splits.train, local, loop.step).to(self.device)
         logits = loop.net(**b.inputs)
         share = len(local) * self.world / len(index)  # makes DDP's mean the global mean
-        task = F.cross_entropy(logits.float(), b.y)
+        task = loop.task.loss(logits, b)
         reg = ksvd_loss(loop.model, t.ksvd_reduction, t.ksvd_form) if t.eta > 0 else torch.zeros((), device=self.device)
-        loss = (task + t.eta * reg) * share
+        # "summed": η·KSVD joins the summed task loss, the total is divided by the targets (fairseq's
+        # LM criterion), so η weighs 1 / targets of what it weighs under "mean".
+        eta = t.eta / loop.task.targets(b) if t.ksvd_weighting == "summed" else t.eta
+        loss = (task + eta * reg) * share
         task_value, reg_value = task.item(), reg.item()
         if not (math.isfinite(task_value) and math.isfinite(reg_value)):
             kept = latest_checkpoint(self.out / "checkpoints")
@@ -297,22 +291,22 @@ class Trainer:
         loop.optimizer.step()
         loop.scheduler.step()
         loop.step += 1
-        loop.last = {"loss": task_value, "ksvd": reg_value, "acc": float((logits.argmax(-1) == b.y).float().mean())}
+        loop.last = {"loss": task_value, "ksvd": reg_value, "acc": loop.task.batch_accuracy(logits, b)}
 
     def _evaluate_and_select(self, loop: _Loop, writer, bar) -> None:
         """Evaluate, append to the history, keep the best row (and, holdout, its weights), log."""
         t = self.cfg.train
         row = self._evaluate(loop.model, loop.splits, loop.step, loop.steps_per_epoch, loop.last)
         loop.history.append(row)
-        selector = "val_acc" if t.protocol == "holdout" else "test_acc"
-        if loop.best is None or row[selector] > loop.best[selector]:
+        selector = f"{'val' if t.protocol == 'holdout' else 'test'}_{loop.task.select}"
+        if loop.best is None or loop.task.better(row[selector], loop.best[selector]):
             loop.best = dict(row)
             if t.protocol == "holdout":
                 loop.best_weights = state_tensors(loop.model)
         if self.is_main:
             self._log(writer, loop.history)
             if bar is not None:
-                bar.write(self._describe(row))
+                bar.write(self._describe(row, loop.task))
 
     def _checkpoint(self, loop: _Loop, wall: float) -> None:
         """Save everything :meth:`_restore` needs to continue exactly from this step."""
@@ -334,11 +328,9 @@ class Trainer:
         row: dict[str, Any] = {"step": step, "epoch": step / steps_per_epoch, "train_loss": last["loss"],
                                "train_ksvd": last["ksvd"], "train_batch_acc": last["acc"]}
         if splits.val is not None:
-            v = evaluate(model, splits.val, t.eval_batch_size, self.device)
-            row.update(val_acc=v["acc"], val_loss=v["loss"])
+            row.update({f"val_{k}": v for k, v in evaluate(model, splits.val, t.eval_batch_size, self.device).items()})
         if t.protocol == "authors" or t.track_test:
-            e = evaluate(model, splits.test, t.eval_batch_size, self.device)
-            row.update(test_acc=e["acc"], test_loss=e["loss"])
+            row.update({f"test_{k}": v for k, v in evaluate(model, splits.test, t.eval_batch_size, self.device).items()})
         if primal_layers(model):
             # KSVD state (J, Λ, stationarity residuals) on a fixed batch: the first training examples.
             fixed = _first_batch(splits.train, t.eval_batch_size, self.device)
@@ -346,9 +338,9 @@ class Trainer:
         return row
 
     @staticmethod
-    def _describe(row: dict[str, Any]) -> str:
+    def _describe(row: dict[str, Any], task: Task) -> str:
         parts = [f"step {row['step']}", f"epoch {row['epoch']:.1f}", f"loss {row['train_loss']:.4f}", f"ksvd {row['train_ksvd']:.3e}"]
-        parts += [f"{k} {row[k]:.4f}" for k in ("val_acc", "test_acc") if k in row]
+        parts += [f"{s}_{m} {row[f'{s}_{m}']:.4f}" for s in ("val", "test") for m in task.reported if f"{s}_{m}" in row]
         return " | ".join(parts)
 
     def _writer(self, step: int):
@@ -390,18 +382,23 @@ class Trainer:
             "val_examples": 0 if splits.val is None else len(splits.val),
             "test_examples": len(splits.test),
         }
+        task, reported = loop.task, loop.task.reported
         if t.protocol == "authors":
-            metrics.update(final_test_acc=history[-1]["test_acc"], best_test_acc=best["test_acc"], best_epoch=best["epoch"])
+            metrics.update({f"final_test_{m}": history[-1][f"test_{m}"] for m in reported})
+            metrics.update({f"best_test_{m}": best[f"test_{m}"] for m in reported}, best_epoch=best["epoch"])
         else:
             selected = build_model(self.cfg, splits.train).to(self.device)
             selected.load_state_dict(best_weights)
             test = evaluate(selected, splits.test, t.eval_batch_size, self.device)
-            metrics.update(
-                test_acc=test["acc"], best_val_acc=best["val_acc"], best_epoch=best["epoch"],
-                final_val_acc=history[-1]["val_acc"],
-            )
-            if t.track_test:  # the authors' figure from the same run, beside the selected one
-                metrics.update(best_test_acc=max(r["test_acc"] for r in history), final_test_acc=history[-1]["test_acc"])
+            metrics.update({f"test_{m}": test[m] for m in reported})
+            metrics.update({f"best_val_{m}": best[f"val_{m}"] for m in reported}, best_epoch=best["epoch"])
+            metrics.update({f"final_val_{m}": history[-1][f"val_{m}"] for m in reported})
+            if t.track_test:  # the authors' figure from the same run (the best test row), beside the selected one
+                top = history[0]
+                for r in history[1:]:
+                    top = r if task.better(r[f"test_{task.select}"], top[f"test_{task.select}"]) else top
+                metrics.update({f"best_test_{m}": top[f"test_{m}"] for m in reported})
+                metrics.update({f"final_test_{m}": history[-1][f"test_{m}"] for m in reported})
         metrics["ksvd_j_final"] = self._final_j(model, splits.train)
         return metrics
 

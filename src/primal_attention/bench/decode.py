@@ -1,0 +1,289 @@
+"""The ``decode`` level of ``primal bench``: tokens/s and memory of incremental decoding vs context.
+
+For each model (all softmax with a KV cache, last layer primal, all primal with their O(1) state)
+and each context C, in a fresh process:
+
+1. build a :class:`~primal_attention.CausalLM` (positions up to C + new tokens) and read the
+   resident set size (the baseline: weights, library buffers);
+2. build the state after a prefix of C positions: each
+   layer's own ``prefill_state`` applied to C hidden vectors (its real keys / values, or Σ[q | k]),
+   which costs O(C·D²) instead of the O(C²) forward a softmax prefill of a real prompt would need;
+   the cost of a decoding step depends only on the state's size, not on the prefix's content;
+3. reset the high-water mark again, decode ``warmup`` tokens, then time ``new_tokens`` one at a
+   time with :meth:`CausalLM.step`;
+4. report tokens/s, the state's tensor bytes, and the peak RSS while decoding minus the baseline
+   (so: the state, the buffers of a step, and a KV cache's copy as it grows by one token).
+
+Optionally (``prefill_max``) the real prefill of a random prompt (one forward) is timed too, for
+C up to that length. The process runs with glibc's mmap threshold at 64 KiB (freed buffers leave
+the RSS), one thread unless told otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+#: model name -> per-layer attention pattern of its ``layers`` layers.
+DECODE_MODELS = ("transformer", "primal+", "primalformer")
+DEFAULT_CONTEXTS = (1024, 2048, 4096, 8192, 16384, 32768, 65536)
+
+
+@dataclass
+class DecodeConfig:
+    """The decode grid: models × contexts, model size, tokens decoded, threads."""
+
+    models: tuple[str, ...] = DECODE_MODELS
+    contexts: tuple[int, ...] = DEFAULT_CONTEXTS
+    layers: int = 4
+    dim: int = 128
+    num_heads: int = 4
+    ffn_dim: int = 512
+    vocab_size: int = 4096
+    rank: int = 30
+    batch: int = 1
+    new_tokens: int = 64
+    warmup: int = 4
+    prefill_max: int = 8192
+    threads: int = 1
+    device: str = "cpu"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def pattern(model: str, layers: int) -> list[str]:
+    from primal_attention.models.transformer import hybrid_pattern
+
+    if model not in DECODE_MODELS:
+        raise ValueError(f"decode model must be one of {', '.join(DECODE_MODELS)}, got {model!r}")
+    return hybrid_pattern(layers, model)
+
+
+def _status_kib(field_name: str) -> int:
+    with open("/proc/self/status") as fh:
+        match = re.search(rf"^{field_name}:\s+(\d+) kB", fh.read(), re.MULTILINE)
+    return int(match.group(1)) if match else 0
+
+
+def _reset_peak() -> bool:
+    try:
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def synthetic_state(model, context: int, batch: int, generator=None, chunk: int = 1024):
+    """The :class:`~primal_attention.models.lm.LMState` after ``context`` positions: every layer's
+    ``prefill_state`` of (batch, context, D) standard-normal hidden vectors, built ``chunk``
+    positions at a time (KV caches concatenated, primal sums added: both exact)."""
+    import torch
+
+    from primal_attention.models.lm import LMState
+
+    p = next(model.parameters())
+    layers = []
+    with torch.no_grad():
+        for block in model.decoder.blocks:
+            parts = []
+            for start in range(0, context, chunk):
+                n = min(chunk, context - start)
+                x = torch.randn(batch, n, model.config.dim, generator=generator, dtype=p.dtype).to(p.device)
+                parts.append(block.attn.prefill_state(x))
+            layers.append(merge_states(parts))
+    return LMState(context, layers)
+
+
+def merge_states(parts: list):
+    """One layer's state after consecutive prefix chunks, from the states of each chunk alone:
+    KV caches concatenated along time, primal sums and counts added (both exact)."""
+    import torch
+
+    from primal_attention.layers.primal import PrimalState
+    from primal_attention.layers.softmax import KVCache
+
+    if all(isinstance(c, KVCache) for c in parts):
+        return KVCache(torch.cat([c.k for c in parts], dim=2), torch.cat([c.v for c in parts], dim=2))
+    if all(isinstance(c, PrimalState) for c in parts):
+        return PrimalState(sum(c.total for c in parts), sum(c.count for c in parts))
+    raise TypeError(f"merge_states: no rule to merge states of types {sorted({type(c).__name__ for c in parts})}")
+
+
+def state_bytes(state) -> int:
+    """Bytes of the tensors of a decoding state."""
+    import torch
+
+    total = 0
+    for layer in state.layers:
+        for t in layer:
+            if isinstance(t, torch.Tensor):
+                total += t.numel() * t.element_size()
+    return total
+
+
+def measure_one(cfg: DecodeConfig, model_name: str, context: int) -> dict[str, Any]:
+    """One (model, context) cell, in this process (the caller makes it a fresh one)."""
+    import torch
+
+    from primal_attention.models.lm import CausalLM, CausalLMConfig
+
+    torch.set_num_threads(cfg.threads)
+    torch.manual_seed(0)
+    device = torch.device(cfg.device)
+    model = CausalLM(CausalLMConfig(
+        vocab_size=cfg.vocab_size, max_seq_len=context + cfg.warmup + cfg.new_tokens, dim=cfg.dim,
+        num_heads=cfg.num_heads, ffn_dim=cfg.ffn_dim, attention=pattern(model_name, cfg.layers),
+        attention_options={"primal": {"rank": cfg.rank}}, dropout=0.0,
+    )).to(device).eval()
+    row: dict[str, Any] = {"model": model_name, "context": context, "batch": cfg.batch}
+    tokens = torch.randint(0, cfg.vocab_size, (cfg.batch, cfg.warmup + cfg.new_tokens),
+                           generator=torch.Generator().manual_seed(1)).to(device)
+    cuda = device.type == "cuda"
+    with torch.no_grad():
+        if cfg.prefill_max and context <= cfg.prefill_max:
+            prompt = torch.randint(0, cfg.vocab_size, (cfg.batch, context), generator=torch.Generator().manual_seed(2))
+            t0 = time.perf_counter()
+            model.prefill(prompt.to(device))
+            if cuda:
+                torch.cuda.synchronize()
+            row["prefill_s"] = time.perf_counter() - t0
+            del prompt
+        baseline_kib = _status_kib("VmRSS")
+        if cuda:
+            allocated = torch.cuda.memory_allocated()
+        state = synthetic_state(model, context, cfg.batch, torch.Generator().manual_seed(3))
+        peak_ok = _reset_peak()  # the peak of decoding, with the state resident
+        if cuda:
+            torch.cuda.reset_peak_memory_stats()
+        for t in range(cfg.warmup):
+            _, state = model.step(tokens[:, t], state)
+        if cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for t in range(cfg.warmup, cfg.warmup + cfg.new_tokens):
+            _, state = model.step(tokens[:, t], state)
+        if cuda:
+            torch.cuda.synchronize()
+        elapsed = time.perf_counter() - t0
+    row.update(tokens_per_s=cfg.new_tokens * cfg.batch / elapsed, ms_per_token=1e3 * elapsed / cfg.new_tokens,
+               state_mib=state_bytes(state) / 2**20)
+    if cuda:
+        row["peak_growth_mib"] = (torch.cuda.max_memory_allocated() - allocated) / 2**20
+    elif peak_ok:
+        row["rss_growth_mib"] = (_status_kib("VmHWM") - baseline_kib) / 1024
+    return row
+
+
+def run_decode(cfg: DecodeConfig, *, progress: bool = True, max_total_s: float | None = None) -> dict[str, Any]:
+    """Every (model, context) cell in its own process; a cell that fails (out of memory, killed) is
+    recorded with its error and the model's larger contexts are skipped."""
+    rows: list[dict[str, Any]] = []
+    start = time.perf_counter()
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "OMP_NUM_THREADS": str(cfg.threads)}
+    for model_name in cfg.models:
+        pattern(model_name, cfg.layers)  # a bad name fails before any process starts
+        failed = False
+        for context in cfg.contexts:
+            if failed or (max_total_s is not None and time.perf_counter() - start > max_total_s):
+                rows.append({"model": model_name, "context": context, "skipped": True})
+                continue
+            payload = json.dumps({"cfg": asdict(cfg), "model": model_name, "context": context})
+            proc = subprocess.run([sys.executable, "-m", "primal_attention.bench.decode", payload],
+                                  capture_output=True, text=True, env=env)
+            if proc.returncode != 0:
+                failed = True
+                tail = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
+                rows.append({"model": model_name, "context": context, "error": tail[-300:]})
+            else:
+                rows.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+            if progress:
+                r = rows[-1]
+                what = (f"{r['tokens_per_s']:8.1f} tok/s, state {r['state_mib']:8.2f} MiB, RSS growth "
+                        f"{r.get('rss_growth_mib', float('nan')):8.1f} MiB" if "tokens_per_s" in r else r.get("error", "skipped"))
+                print(f"decode {model_name:12s} context {context:6d}: {what}", flush=True)
+    import torch
+
+    return {"config": asdict(cfg), "rows": rows, "torch": torch.__version__,
+            "method": "fresh process per cell; state from each layer's prefill_state of C hidden vectors; "
+                      f"{cfg.warmup} warm-up tokens, then {cfg.new_tokens} timed steps; RSS growth = VmHWM of the "
+                      "decoding (high-water mark reset after the state is built) minus VmRSS before the state "
+                      "(glibc mmap threshold 64 KiB)"}
+
+
+def render_markdown(result: dict[str, Any]) -> str:
+    """A table per quantity: models as rows, contexts as columns."""
+    rows = result["rows"]
+    contexts = sorted({r["context"] for r in rows})
+    models = list(dict.fromkeys(r["model"] for r in rows))
+    head = "| model | " + " | ".join(f"{c // 1024}K" if c % 1024 == 0 else str(c) for c in contexts) + " |"
+    out = []
+    for title, key, fmt in (("tokens / s", "tokens_per_s", "{:.0f}"), ("decoding state (MiB)", "state_mib", "{:.2f}"),
+                            ("peak memory growth (MiB)", "rss_growth_mib", "{:.0f}"), ("prefill of a real prompt (s)", "prefill_s", "{:.2f}")):
+        if not any(key in r for r in rows):
+            continue
+        out += [f"**{title}**", "", head, "|---|" + "---|" * len(contexts)]
+        for m in models:
+            cells = []
+            for c in contexts:
+                r = next(r for r in rows if r["model"] == m and r["context"] == c)
+                cells.append(fmt.format(r[key]) if key in r else ("skipped" if r.get("skipped") else ("failed" if "error" in r else "–")))
+            out.append(f"| {m} | " + " | ".join(cells) + " |")
+        out.append("")
+    return "\n".join(out)
+
+
+def plot(result: dict[str, Any], path: Path) -> Path | None:
+    """tokens/s and memory growth vs context, one line per model (log-log)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+    for m in dict.fromkeys(r["model"] for r in result["rows"]):
+        done = [r for r in result["rows"] if r["model"] == m and "tokens_per_s" in r]
+        xs = [r["context"] for r in done]
+        axes[0].plot(xs, [r["tokens_per_s"] for r in done], marker="o", label=m)
+        mem = [(r["context"], r.get("rss_growth_mib", r.get("peak_growth_mib"))) for r in done]
+        axes[1].plot([c for c, v in mem if v is not None], [max(v, 0.1) for c, v in mem if v is not None], marker="o", label=m)
+    for ax, label in zip(axes, ("tokens / s", "peak memory growth (MiB)")):
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("context (tokens of prefix)")
+        ax.set_ylabel(label)
+        ax.grid(True, alpha=0.3)
+    axes[0].legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def write_outputs(result: dict[str, Any], out: Path) -> dict[str, Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {"decode_json": out / "decode.json", "decode_md": out / "decode.md"}
+    paths["decode_json"].write_text(json.dumps(result, indent=2))
+    paths["decode_md"].write_text(render_markdown(result))
+    png = plot(result, out / "decode.png")
+    if png is not None:
+        paths["decode_plot"] = png
+    return paths
+
+
+def _main(payload: str) -> None:
+    spec = json.loads(payload)
+    cfg = DecodeConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in spec["cfg"].items()})
+    print(json.dumps(measure_one(cfg, spec["model"], spec["context"])))
+
+
+if __name__ == "__main__":
+    _main(sys.argv[1])

@@ -1,0 +1,66 @@
+"""The decode level of the benchmark: chunked states are exact, and the CLI writes its table and JSON."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from primal_attention.bench.decode import merge_states, pattern, state_bytes, synthetic_state
+from primal_attention.layers.primal import PrimalAttention
+from primal_attention.layers.softmax import SoftmaxAttention
+from primal_attention.models.lm import CausalLM, CausalLMConfig
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("make", [lambda: SoftmaxAttention(16, 2, causal=True),
+                                  lambda: PrimalAttention(16, 2, 3, causal=True)])
+def test_merged_chunk_states_equal_the_state_of_the_whole_prefix(make) -> None:
+    torch.manual_seed(0)
+    layer = make().double().eval()
+    x = torch.randn(2, 23, 16, dtype=torch.float64)
+    whole = layer.prefill_state(x)
+    merged = merge_states([layer.prefill_state(x[:, a:b]) for a, b in ((0, 5), (5, 17), (17, 23))])
+    assert type(merged) is type(whole)
+    for got, want in zip(merged, whole):
+        torch.testing.assert_close(torch.as_tensor(got, dtype=torch.float64), torch.as_tensor(want, dtype=torch.float64),
+                                   rtol=1e-12, atol=1e-12)
+
+
+def test_merge_states_rejects_mixed_kinds() -> None:
+    torch.manual_seed(0)
+    x = torch.randn(1, 4, 16)
+    with pytest.raises(TypeError, match="no rule to merge"):
+        merge_states([SoftmaxAttention(16, 2, causal=True).prefill_state(x), PrimalAttention(16, 2, 3, causal=True).prefill_state(x)])
+
+
+def test_synthetic_state_size_grows_with_context_only_for_softmax() -> None:
+    sizes = {}
+    for model in ("transformer", "primalformer"):
+        lm = CausalLM(CausalLMConfig(vocab_size=50, max_seq_len=300, dim=16, num_heads=2, ffn_dim=32,
+                                     attention=pattern(model, 2), attention_options={"primal": {"rank": 3}})).eval()
+        sizes[model] = [state_bytes(synthetic_state(lm, c, 1, chunk=64)) for c in (100, 200)]
+        logits, state = lm.step(torch.tensor([3]), synthetic_state(lm, 200, 1, chunk=64))
+        assert logits.shape == (1, 50) and state.position == 201
+    assert sizes["transformer"][1] == 2 * sizes["transformer"][0]
+    assert sizes["primalformer"][0] == sizes["primalformer"][1]
+    with pytest.raises(ValueError):
+        pattern("gpt9", 2)
+
+
+def test_cli_decode_level_writes_table_and_json(tmp_path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    proc = subprocess.run([sys.executable, "-m", "primal_attention.cli", "bench", "--levels", "decode",
+                           "--seq-lens", "16,32", "--out", str(tmp_path / "d")], capture_output=True, text=True,
+                          env=env, cwd=ROOT, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads((tmp_path / "d" / "decode.json").read_text())
+    cells = {(r["model"], r["context"]) for r in result["rows"] if r.get("tokens_per_s", 0) > 0}
+    assert cells == {(m, c) for m in ("transformer", "primal+", "primalformer") for c in (16, 32)}
+    assert "tokens / s" in (tmp_path / "d" / "decode.md").read_text()
