@@ -19,6 +19,7 @@ from primal_attention.layers import (
 )
 from primal_attention.ksvd import ksvd_loss, ksvd_objectives, primal_layers
 from primal_attention.models.classifier import ClassifierConfig, SequenceClassifier
+from primal_attention.models.decision import DecisionTransformer, DecisionTransformerConfig
 from primal_attention.models.lm import CausalLM, CausalLMConfig
 from primal_attention.models.transformer import TransformerBlock, TransformerStack, hybrid_pattern
 from primal_attention.models.vision import VisionTransformer, ViTConfig, deit_small, deit_tiny, vit_cpu
@@ -29,6 +30,8 @@ __all__ = [
     "CausalLM",
     "CausalLMConfig",
     "ClassifierConfig",
+    "DecisionTransformer",
+    "DecisionTransformerConfig",
     "MaterializedSoftmaxAttention",
     "PrimalAttention",
     "PrimalState",

@@ -152,6 +152,32 @@ def _data_fetch(args: argparse.Namespace) -> int:
     return 0
 
 
+def _collect_rl(args: argparse.Namespace) -> int:
+    from primal_attention.data.base import DataError
+    from primal_attention.data.rl_collect import CollectConfig, collect_rl
+
+    cfg = CollectConfig(args.env, seed=args.seed, medium_fraction=args.medium_fraction,
+                        medium_max_steps=min(args.medium_max_steps, args.expert_steps), expert_steps=args.expert_steps,
+                        chunk=args.chunk, learning_starts=args.learning_starts, eval_episodes=args.eval_episodes,
+                        transitions=args.transitions, threads=args.threads)
+    try:
+        card = collect_rl(cfg)
+    except (DataError, ValueError) as err:
+        print(f"primal data collect-rl: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("primal data collect-rl: interrupted; run the same command again to continue", file=sys.stderr)
+        return 130
+    med = card["medium_policy"]
+    print(f"{card['env']}: medium policy at {med['steps']} SAC steps (eval return {med['return']:.0f}, target "
+          f"{med['target']:.0f}{'' if med['reached'] else ', NOT reached: best so far'}), expert at "
+          f"{card['expert_policy']['steps']} steps (return {card['expert_policy']['return']:.0f})")
+    for name, d in card["datasets"].items():
+        print(f"  {name:13s} {d['transitions']:8d} transitions, {d['episodes']:5d} episodes, return "
+              f"{d['return_mean']:7.1f} ± {d['return_std']:6.1f} (score {d['score_mean']:5.1f}): {d['file']}")
+    return 0
+
+
 def _print_lm_data(vocab_size: int) -> int:
     from primal_attention.data.lm import lm_data_info
 
@@ -255,6 +281,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data-dir", help="UEA: where to download the archive files (default: the cache)")
     p.add_argument("--vocab-size", type=_positive, default=4096, help="lm: train (or load) the BPE of this size and report token counts")
     p.set_defaults(func=_data_fetch)
+    p = data_sub.add_parser("collect-rl", help="collect D4RL-style datasets (medium, medium-replay, medium-expert) with SAC; resumable")
+    p.add_argument("env", help="hopper, halfcheetah or walker2d")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--medium-fraction", type=float, default=1 / 3, help="medium level: this share of D4RL's expert return")
+    p.add_argument("--medium-max-steps", type=_positive, default=300_000, help="SAC steps after which the best policy so far is the medium one")
+    p.add_argument("--expert-steps", type=_positive, default=1_000_000, help="SAC steps in all (the expert policy)")
+    p.add_argument("--chunk", type=_positive, default=10_000, help="SAC steps between checkpoints and evaluations")
+    p.add_argument("--learning-starts", type=int, default=10_000, help="random steps before SAC updates")
+    p.add_argument("--eval-episodes", type=_positive, default=5)
+    p.add_argument("--transitions", type=_positive, default=1_000_000, help="rollout steps per policy (D4RL: 1M)")
+    p.add_argument("--threads", type=_positive, default=1)
+    p.set_defaults(func=_collect_rl)
 
     p = sub.add_parser("eval", help="evaluate a trained run: a seed's run directory, a ckpt-* directory, or the --out folder of primal train (every seed)")
     p.add_argument("checkpoint")

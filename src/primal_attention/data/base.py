@@ -21,7 +21,9 @@ class Batch:
     """One batch as a model consumes it: ``model(**batch.inputs)``, targets in ``y``.
 
     x: (B, N) int64 tokens, (B, N, C) float features or (B, C, H, W) float images; mask: (B, N)
-    bool or None; x2, mask2: the second document of a two-tower task, else None; y: (B,) targets.
+    bool or None; x2, mask2: the second document of a two-tower task, else None; y: (B,) targets
+    (or per-position targets, e.g. (B, L) next tokens, (B, K, A) actions); extra: further named
+    model inputs (a Decision Transformer's actions, returns-to-go and timesteps).
     """
 
     x: torch.Tensor
@@ -29,17 +31,19 @@ class Batch:
     mask: torch.Tensor | None = None
     x2: torch.Tensor | None = None
     mask2: torch.Tensor | None = None
+    extra: dict[str, torch.Tensor] = field(default_factory=dict)
 
     @property
     def inputs(self) -> dict[str, torch.Tensor]:
-        """The model's keyword arguments: x and whichever of mask, x2, mask2 are present."""
+        """The model's keyword arguments: x, whichever of mask, x2, mask2 are present, and extra."""
         names = ("x", "mask", "x2", "mask2")
-        return {k: getattr(self, k) for k in names if getattr(self, k) is not None}
+        return {**{k: getattr(self, k) for k in names if getattr(self, k) is not None}, **self.extra}
 
     def to(self, device: torch.device | str) -> "Batch":
         """The same batch on ``device`` (non-blocking where the source is pinned)."""
         move = lambda t: None if t is None else t.to(device, non_blocking=True)  # noqa: E731
-        return Batch(move(self.x), move(self.y), move(self.mask), move(self.x2), move(self.mask2))
+        return Batch(move(self.x), move(self.y), move(self.mask), move(self.x2), move(self.mask2),
+                     {k: move(v) for k, v in self.extra.items()})
 
     def __len__(self) -> int:
         return self.y.shape[0]

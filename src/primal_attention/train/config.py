@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 
 from primal_attention.models.classifier import ClassifierConfig
+from primal_attention.models.decision import DecisionTransformerConfig
 from primal_attention.models.lm import CausalLMConfig
 from primal_attention.models.vision import ViTConfig
 
@@ -31,15 +32,19 @@ class DataConfig:
     family: "uea" (a UEA archive dataset), "fsdd" (Free Spoken Digit MFCCs), "lra" (a Long Range
     Arena task), "vision" (images: fashion_mnist, digits, or image_folder with ``data_dir``), "lm"
     (language modelling: ``corpora``, the Shakespeare / Milton / Bible stand-in, or ``text_files``,
-    train / valid / test text files in ``data_dir`` such as WikiText-103's ``wiki.*.tokens``).
+    train / valid / test text files in ``data_dir`` such as WikiText-103's ``wiki.*.tokens``), "rl"
+    (offline RL, ``<env>-<dataset>`` such as ``hopper-medium``: the file ``primal data collect-rl``
+    collected, or ``data_dir`` with that dataset's npz / D4RL HDF5 file).
     name: the dataset or task name. data_dir: user-provided files (UEA ``.ts`` archive, LRA release
     files, an ImageFolder tree), else what is bundled or generated here. val_fraction: the stratified
     validation split carved from TRAIN under the holdout protocol. max_examples: cap on TRAIN (a
     fixed random subset; None = all); max_test_examples: cap on TEST (None = max_examples). For
     generated LRA tasks these are the numbers of examples generated. seq_len: sequence length (LRA).
     options: loader-specific extras (lm: ``vocab_size`` of the byte-level BPE, default 4096;
-    ``max_tokens``, a cap on each split's token stream for quick runs). For lm, seq_len is the
-    context L of the training blocks and the model.
+    ``max_tokens``, a cap on each split's token stream for quick runs; rl: ``target_return`` (default
+    the authors' first target), ``eval_episodes`` (10), ``collection_seed`` (0), ``max_ep_len``
+    (1000)). For lm, seq_len is the context L of the training blocks and the model; for rl, the
+    context K of the Decision Transformer (in steps).
     """
 
     family: str = "uea"
@@ -97,9 +102,17 @@ paper's WikiText-103 model); the other fields and their defaults are those of
 :class:`primal_attention.CausalLMConfig` (dim, num_heads, ffn_dim, attention_options, dropout).
 Vocabulary and context come from the data.""")
 
+RLModelConfig = model_section("RLModelConfig", DecisionTransformerConfig, """The Decision Transformer (``data.family: rl``).
+
+kind / layers / attention as for :class:`ModelConfig` (``primal+``: the last layer causal primal, the
+paper's Primal.+DT); the other fields and their defaults are those of
+:class:`primal_attention.DecisionTransformerConfig` (dim, num_heads, ffn_dim, attention_options,
+dropout, activation, action_tanh). State / action sizes, the context and the episode length come
+from the data.""", derived=frozenset({"state_dim", "act_dim", "context", "max_ep_len"}))
+
 #: data family -> its ``model:`` section.
 MODEL_SECTIONS = {"uea": ModelConfig, "fsdd": ModelConfig, "lra": ModelConfig, "vision": VisionModelConfig,
-                  "lm": LMModelConfig}
+                  "lm": LMModelConfig, "rl": RLModelConfig}
 
 
 @dataclass
@@ -185,6 +198,8 @@ class ExperimentConfig:
             (self.train.ksvd_weighting in ("mean", "summed"), "train.ksvd_weighting must be mean or summed"),
             (self.data.family != "lm" or (self.data.seq_len or 0) > 0,
              "data.seq_len (the context of the training blocks) must be a positive integer for data.family lm"),
+            (self.data.family != "rl" or (self.data.seq_len or 0) > 0,
+             "data.seq_len (the context K in steps) must be a positive integer for data.family rl"),
             (self.train.ksvd_form in ("authors", "paper"), "train.ksvd_form must be authors or paper"),
             (self.train.protocol in ("authors", "holdout"), "train.protocol must be authors or holdout"),
         ]

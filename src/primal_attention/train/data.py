@@ -9,6 +9,7 @@ from typing import Any, NamedTuple
 from primal_attention.data.base import SequenceData
 from primal_attention.data.splits import stratified_split
 from primal_attention.models.classifier import ClassifierConfig, SequenceClassifier
+from primal_attention.models.decision import DecisionTransformer, DecisionTransformerConfig
 from primal_attention.models.lm import CausalLM, CausalLMConfig
 from primal_attention.models.transformer import hybrid_pattern
 from primal_attention.models.vision import VisionTransformer, ViTConfig
@@ -42,7 +43,7 @@ def _load_pair(cfg: DataConfig) -> tuple[SequenceData, SequenceData]:
                 load_lra(cfg.name, "test", num_examples=test_cap, **kw))
     if cfg.family == "vision":
         return _load_images(cfg)
-    raise ConfigError(f"data.family must be uea, fsdd, lra, vision or lm, got {cfg.family!r}")
+    raise ConfigError(f"data.family must be uea, fsdd, lra, vision, lm or rl, got {cfg.family!r}")
 
 
 #: data.name of the lm family.
@@ -75,6 +76,51 @@ def _load_lm(cfg: DataConfig, split: str):
             raise ConfigError("data.name=text_files needs data.data_dir (train.txt / valid.txt / test.txt, or wiki.*.tokens)")
         return lm.load_lm_files(cfg.data_dir, split, **kw)
     raise ConfigError(f"data.name: LM dataset must be one of {', '.join(LM_DATASETS)}, got {cfg.name!r}")
+
+
+#: data.options of the rl family, with their defaults (target_return None: the authors' first target).
+RL_OPTIONS = {"target_return": None, "eval_episodes": 10, "collection_seed": 0, "max_ep_len": 1000}
+#: first env seed of the validation and test rollouts (apart from any seed of the collection).
+ROLLOUT_SEEDS = {"val": 10_000, "test": 20_000}
+
+
+def rl_options(cfg: DataConfig) -> dict[str, Any]:
+    """The rl data options with their defaults, checked."""
+    from primal_attention.data.rl import TARGET_RETURNS, dataset_name
+
+    unknown = sorted(set(cfg.options) - set(RL_OPTIONS))
+    if unknown:
+        raise ConfigError(f"data.options: unknown for data.family rl: {', '.join(unknown)}; expected {', '.join(RL_OPTIONS)}")
+    try:
+        env, _ = dataset_name(cfg.name)
+    except ValueError as err:
+        raise ConfigError(f"data.name: {err}") from err
+    out = {**RL_OPTIONS, **cfg.options}
+    for key in ("eval_episodes", "max_ep_len"):
+        if isinstance(out[key], bool) or not isinstance(out[key], int) or out[key] < 1:
+            raise ConfigError(f"data.options.{key} must be a positive integer, got {out[key]!r}")
+    if out["target_return"] is None:
+        out["target_return"] = TARGET_RETURNS[env][0]
+    if isinstance(out["target_return"], bool) or not isinstance(out["target_return"], (int, float)):
+        raise ConfigError(f"data.options.target_return must be a number, got {out['target_return']!r}")
+    return out
+
+
+def _load_rl(cfg: ExperimentConfig) -> Splits:
+    """Training segments of the dataset, and rollouts in the environment as validation and test."""
+    from primal_attention.data.rl import RLData, dataset_file, load_transitions
+    from primal_attention.train.rollout import RolloutSet
+
+    d = cfg.data
+    if d.max_examples is not None or d.max_test_examples is not None:
+        raise ConfigError("data.max_examples does not apply to data.family rl")
+    o = rl_options(d)
+    path = dataset_file(d.name, d.data_dir, o["collection_seed"])
+    train = RLData.from_transitions(load_transitions(path), env=d.name, context=d.seq_len, max_ep_len=o["max_ep_len"],
+                                    name=d.name, meta={"source": str(path)})
+    make = lambda split: RolloutSet(train.env, float(o["target_return"]), o["eval_episodes"], ROLLOUT_SEEDS[split],  # noqa: E731
+                                    train.state_mean, train.state_std, d.seq_len, o["max_ep_len"])
+    return Splits(train, make("val") if cfg.train.protocol == "holdout" else None, make("test"))
 
 
 #: data.name of the vision family -> its loader.
@@ -134,6 +180,8 @@ def build_splits(cfg: ExperimentConfig) -> Splits:
     validation split and is not trained on. Language models have a validation split of their own
     (held-out works), used under holdout.
     """
+    if cfg.data.family == "rl":
+        return _load_rl(cfg)
     if cfg.data.family == "lm":  # validation and test are held-out works / files: no split of TRAIN
         if cfg.data.max_examples is not None or cfg.data.max_test_examples is not None:
             raise ConfigError("data.max_examples does not apply to data.family lm; cap the streams with data.options.max_tokens")
@@ -168,6 +216,10 @@ def architecture(section: Any) -> dict[str, Any]:
 def build_model(cfg: ExperimentConfig, data) -> nn.Module:
     """The model of ``cfg.model`` sized for ``data``: a :class:`SequenceClassifier` (classes, input
     width, sequence length) or, for images, a :class:`VisionTransformer` (classes, size, channels)."""
+    if cfg.data.family == "rl":
+        return DecisionTransformer(DecisionTransformerConfig(
+            state_dim=data.state_dim, act_dim=data.act_dim, context=cfg.data.seq_len, max_ep_len=data.max_ep_len,
+            attention=attention_pattern(cfg), **architecture(cfg.model)))
     if cfg.data.family == "lm":
         return CausalLM(CausalLMConfig(vocab_size=data.vocab_size, max_seq_len=data.block_len,
                                        attention=attention_pattern(cfg), **architecture(cfg.model)))
@@ -220,6 +272,12 @@ def check_buildable(cfg: ExperimentConfig) -> None:
     )
     if cfg.data.family == "lm":
         stand_in.vocab_size = lm_options(cfg.data)["vocab_size"]
+    if cfg.data.family == "rl":
+        from primal_attention.data.rl import dataset_name
+
+        stand_in.max_ep_len = rl_options(cfg.data)["max_ep_len"]
+        stand_in.state_dim, stand_in.act_dim = {"hopper": (11, 3), "halfcheetah": (17, 6), "walker2d": (17, 6)}[
+            dataset_name(cfg.data.name)[0]]
     try:
         with torch.device("meta"):
             build_model(cfg, stand_in)

@@ -1,4 +1,5 @@
-"""What a run optimises and reports: classification (accuracy) or language modelling (perplexity, bits/byte).
+"""What a run optimises and reports: classification (accuracy), language modelling (perplexity,
+bits/byte) or offline RL (action regression, scored by rollouts).
 
 A :class:`Task` gives the trainer the mean task loss of a batch, the metrics of an evaluation, which
 metric selects the evaluation point (and in which direction), and which metrics a run reports.
@@ -16,7 +17,7 @@ from torch import Tensor, nn
 
 from primal_attention.data.base import Batch
 
-__all__ = ["CLASSIFICATION", "LANGUAGE_MODEL", "Task", "evaluate", "task_for"]
+__all__ = ["ACTION_REGRESSION", "CLASSIFICATION", "LANGUAGE_MODEL", "ActionRegression", "Task", "evaluate", "task_for"]
 
 
 @dataclass(frozen=True)
@@ -47,13 +48,34 @@ class Task:
         return a > b if self.maximize else a < b
 
 
+@dataclass(frozen=True)
+class ActionRegression(Task):
+    """A Decision Transformer's task: mean squared error of the predicted actions (B, K, A) over the
+    real (mask) steps; evaluations are rollouts, selected on the D4RL-normalised score."""
+
+    def loss(self, output: Tensor, batch: Batch) -> Tensor:
+        err = (output.float() - batch.y.float()).pow(2).mean(-1)
+        return err[batch.mask].mean()
+
+    def targets(self, batch: Batch) -> int:
+        return int(batch.mask.sum())
+
+    def batch_accuracy(self, output: Tensor, batch: Batch) -> float:
+        return float("nan")  # no accuracy for actions
+
+
 CLASSIFICATION = Task("classification", select="acc", maximize=True, reported=("acc",))
 LANGUAGE_MODEL = Task("language_model", select="loss", maximize=False, reported=("loss", "ppl", "bpb"))
+ACTION_REGRESSION = ActionRegression("action_regression", select="score", maximize=True,
+                                     reported=("score", "score_std", "return", "length"))
 
 
 def task_for(data) -> Task:
     """The task of a dataset: language modelling for :class:`~primal_attention.data.lm.LMData`
-    (it has ``token_bytes``), else classification."""
+    (it has ``token_bytes``), action regression for RL segments and rollouts (they have
+    ``state_mean``), else classification."""
+    if hasattr(data, "state_mean"):
+        return ACTION_REGRESSION
     return LANGUAGE_MODEL if hasattr(data, "token_bytes") else CLASSIFICATION
 
 
@@ -66,6 +88,10 @@ def evaluate(model: nn.Module, data, batch_size: int, device: torch.device) -> d
     (ln 2 · the UTF-8 bytes the targets stand for), comparable across tokenisers, and ``acc``
     (next-token accuracy).
     """
+    if hasattr(data, "target_return"):  # a RolloutSet
+        from primal_attention.train.rollout import rollout
+
+        return rollout(model, data, device)
     lm = task_for(data) is LANGUAGE_MODEL
     was_training = model.training
     model.eval()

@@ -212,7 +212,10 @@ class Trainer:
             self._train_step(loop)
             if bar is not None:
                 bar.update(1)
-                bar.set_postfix(loss=f"{loop.last['loss']:.3f}", ksvd=f"{loop.last['ksvd']:.2e}", acc=f"{loop.last['acc']:.2f}")
+                shown = {"loss": f"{loop.last['loss']:.3f}", "ksvd": f"{loop.last['ksvd']:.2e}"}
+                if math.isfinite(loop.last["acc"]):  # action regression has no accuracy
+                    shown["acc"] = f"{loop.last['acc']:.2f}"
+                bar.set_postfix(**shown)
             if loop.step % round_len and loop.step != loop.total:
                 continue
             if math.ceil(loop.step / round_len) % eval_every_rounds == 0 or loop.step == loop.total:
