@@ -65,13 +65,13 @@ def decode_table() -> list[str]:
     models = list(dict.fromkeys(r["model"] for r in rows))
     out = ["| model | " + " | ".join(f"{c // 1024}K" if c >= 1024 else str(c) for c in contexts) + " |",
            "|---|" + "---|" * len(contexts)]
-    for what, key, fmt in (("tokens/s", "tokens_per_s", "{:.0f}"), ("state MiB", "state_mib", "{:.2f}"),
-                           ("RSS growth MiB", "rss_growth_mib", "{:.0f}")):
+    for what, key, fmt, times in (("tokens/s", "tokens_per_s", "{:.0f}", 1), ("state KiB", "state_mib", "{:.1f}", 1024),
+                                  ("RSS growth MiB", "rss_growth_mib", "{:.0f}", 1)):
         for m in models:
             cells = []
             for c in contexts:
                 r = next((r for r in rows if r["model"] == m and r["context"] == c), None)
-                cells.append("–" if r is None or r.get(key) is None else fmt.format(r[key]))
+                cells.append("–" if r is None or r.get(key) is None else fmt.format(r[key] * times))
             out.append(f"| {m}: {what} | " + " | ".join(cells) + " |")
     return out
 
@@ -119,9 +119,11 @@ def write_page() -> None:
         "",
         "`primal bench --level decode` (one process, batch 1, fp32, CPU): a prefix of the given length is",
         "prefilled, then 64 tokens are decoded one at a time; softmax layers keep a KV cache, primal layers their",
-        "O(1) state. *state MiB* = the decoding state's tensors; *RSS growth* = resident memory added over the",
-        "process's baseline by prefill + decode. Models: 4 layers, D 128 as above, positions learned up to the",
-        "longest context.",
+        "O(1) state. *state KiB* = the decoding state's tensors; *RSS growth* = peak resident memory while",
+        "decoding over the process's baseline before the state was built. Models: 4 layers, D 128 as above",
+        "(random weights: the cost of a step does not depend on them), positions up to the longest context.",
+        "Measured with 1 thread while another single-threaded job ran on the machine's second core, so",
+        "tokens/s carry noise of tens of percent; the memory columns do not.",
         "",
         *decode_table(),
         "",
@@ -158,7 +160,7 @@ def write_samples(max_new_tokens: int = 60) -> None:
             for flags in (["--temperature", "0"], ["--temperature", "0.8", "--top-k", "40", "--seed", "0"]):
                 cmd = [sys.executable, "-m", "primal_attention.cli", "generate", str(run), "--prompt", prompt,
                        "--max-new-tokens", str(max_new_tokens), *flags]
-                text = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.strip()
+                text = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout[:-1]  # print's newline
                 kind = "greedy" if flags[1] == "0" else "sampled"
                 out.append(f"- {kind}: `{text!r}`")
         out.append("")

@@ -16,7 +16,8 @@ it reached medium, ``medium-expert`` medium plus expert rollouts. :func:`collect
    ``medium_max_steps``, the best policy so far becomes the medium one (the card says so).
 3. Training continues to ``expert_steps`` in all; the last policy is the expert one.
 4. ``transitions`` steps of rollouts of each policy (stochastic actions, as D4RL) give ``medium``
-   and the expert rollouts; ``medium-expert`` is both.
+   (rolled out as soon as the medium policy is fixed, so it can be used while SAC goes on) and the
+   expert rollouts; ``medium-expert`` is both.
 
 Files (never in the repository): ``cache_dir("rl")/<env>-<dataset>-seed<k>.npz`` with D4RL's fields
 (observations, actions, rewards, terminals, timeouts, next_observations), the agent's files in
@@ -269,6 +270,7 @@ def collect_rl(cfg: CollectConfig, progress: bool = True) -> dict[str, Any]:
                           if reached else _replay_upto(model, state, chosen))
                 state["medium"] = {"steps": chosen, "return": state["best"]["return"] if not reached else ret,
                                    "target": target, "reached": bool(reached)}
+                _policy_rollouts(cfg, env, folder, "medium", progress)  # usable while SAC goes on to the expert
         _atomic(progress_file, lambda p: p.write_text(json.dumps(state, indent=1)))
         for old in (folder / f"sac-{c - 1}.zip", folder / f"replay-{c - 1}.pkl"):
             old.unlink(missing_ok=True)
@@ -277,8 +279,6 @@ def collect_rl(cfg: CollectConfig, progress: bool = True) -> dict[str, Any]:
                       f"{time.time() - t0:.0f} s")
     shutil.copyfile(folder / f"sac-{state['chunks']}.zip", folder / "expert_policy.zip")
 
-    from stable_baselines3 import SAC
-
     card_stats = {}
     me = _dataset_path(env, "medium-expert", cfg.seed)
     for name in ("medium", "expert"):  # rollouts of an older expert, or of another size, are redone
@@ -286,13 +286,8 @@ def collect_rl(cfg: CollectConfig, progress: bool = True) -> dict[str, Any]:
         if path.is_file() and ((trained_more and name == "expert") or len(np.load(path)["rewards"]) != cfg.transitions):
             path.unlink()
             me.unlink(missing_ok=True)
-    for name, policy, offset in (("medium", "medium_policy.zip", 1), ("expert", "expert_policy.zip", 2)):
-        path = _dataset_path(env, name, cfg.seed)
-        if not path.is_file():
-            t0 = time.time()
-            model = SAC.load(folder / policy, device="cpu")
-            _save_npz(path, _rollouts(model, env, cfg.transitions, cfg.rollout_envs, seed=cfg.seed * 10_000_019 + offset * 1_000_000))
-            say(progress, f"collect-rl {env}: {cfg.transitions} {name} transitions in {time.time() - t0:.0f} s")
+    for name in ("medium", "expert"):
+        _policy_rollouts(cfg, env, folder, name, progress)
     loaded = {name: dict(np.load(_dataset_path(env, name, cfg.seed))) for name in ("medium", "expert", "medium-replay")}
     if not me.is_file():
         _save_npz(me, {k: np.concatenate([loaded["medium"][k], loaded["expert"][k]]) for k in loaded["medium"]})
@@ -307,6 +302,20 @@ def collect_rl(cfg: CollectConfig, progress: bool = True) -> dict[str, Any]:
             "policies": {k: str(folder / f"{k}_policy.zip") for k in ("medium", "expert")}, "datasets": card_stats}
     _atomic(cache_dir("rl") / f"{env}-seed{cfg.seed}-card.json", lambda p: p.write_text(json.dumps(card, indent=1)))
     return card
+
+
+def _policy_rollouts(cfg: CollectConfig, env: str, folder: Path, name: str, progress: bool) -> None:
+    """The ``name`` ("medium" or "expert") dataset: rollouts of that policy, unless already on disk."""
+    from stable_baselines3 import SAC
+
+    path = _dataset_path(env, name, cfg.seed)
+    if path.is_file():
+        return
+    t0 = time.time()
+    model = SAC.load(folder / f"{name}_policy.zip", device="cpu")
+    offset = {"medium": 1, "expert": 2}[name]
+    _save_npz(path, _rollouts(model, env, cfg.transitions, cfg.rollout_envs, seed=cfg.seed * 10_000_019 + offset * 1_000_000))
+    say(progress, f"collect-rl {env}: {cfg.transitions} {name} transitions in {time.time() - t0:.0f} s")
 
 
 def _replay_upto(model, state: dict, steps: int) -> dict[str, np.ndarray]:
