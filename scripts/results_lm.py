@@ -19,14 +19,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
 from pathlib import Path
 
-from primal_attention.train.experiments import run_stored, stored
-from primal_attention.train.stats import mean_std
+from primal_attention.train.experiments import claim, run_stored, stored
+from primal_attention.train.stats import value_cell
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = ROOT / "docs" / "results" / "lm_runs"
@@ -36,24 +35,6 @@ EXTRA = ROOT / "docs" / "results" / "lm"
 MODELS = {"transformer": "Transformer (all softmax)", "primal+": "Primal.+Trans. (last layer causal primal)",
           "primalformer": "PrimalFormer-LM (all causal primal)"}
 PROMPTS = ["ROMEO. ", "And God said, ", "Of Man's first disobedience"]
-
-
-def cell(values: list[float], digits: int = 2) -> str:
-    if not values:
-        return "–"
-    mean, std = mean_std(values)
-    return f"{mean:.{digits}f} ± {std:.{digits}f}" if len(values) > 1 else f"{mean:.{digits}f}"
-
-
-def claim(config: str, seed: int) -> bool:
-    """True for the one worker that creates the claim file of (config, seed)."""
-    folder = WORK / "claims"
-    folder.mkdir(parents=True, exist_ok=True)
-    try:
-        os.close(os.open(folder / f"{config}-seed_{seed}", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
-        return True
-    except FileExistsError:
-        return False
 
 
 def decode_table() -> list[str]:
@@ -108,8 +89,8 @@ def write_page() -> None:
     for key, label in MODELS.items():
         rs = stored(RUNS / f"corpora_{key}")
         wall = f"{statistics.mean(r['wall_time_s'] for r in rs):.0f}" if rs else "–"
-        lines.append(f"| {label} | {len(rs)} | {cell([r['test_ppl'] for r in rs])} | {cell([r['test_bpb'] for r in rs], 4)} | "
-                     f"{cell([r['best_test_ppl'] for r in rs])} | {cell([r['best_val_ppl'] for r in rs])} | {wall} |")
+        lines.append(f"| {label} | {len(rs)} | {value_cell([r['test_ppl'] for r in rs])} | {value_cell([r['test_bpb'] for r in rs], 4)} | "
+                     f"{value_cell([r['best_test_ppl'] for r in rs])} | {value_cell([r['best_val_ppl'] for r in rs])} | {wall} |")
     lines += [
         "",
         "For comparison only, on different data (WikiText-103, word-level vocabulary, 150k updates of 32k tokens):",
@@ -183,7 +164,7 @@ def main() -> None:
             for model in args.models.split(","):
                 config = f"corpora_{model}"
                 store = RUNS / config / f"seed_{seed}.json"
-                if store.is_file() or not claim(config, seed):
+                if store.is_file() or not claim(WORK / "claims", f"{config}-seed_{seed}"):
                     continue
                 run_stored(ROOT / "configs" / "lm" / f"{config}.yaml", store, WORK / config, seed,
                            [f"train.threads={args.threads}"])

@@ -18,14 +18,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 from pathlib import Path
 
 from primal_attention.data.cache import cache_dir
 from primal_attention.data.rl import DATASETS, D4RL_SCORES
-from primal_attention.train.experiments import run_stored, stored
-from primal_attention.train.stats import mean_std
+from primal_attention.train.experiments import claim, run_stored, stored
+from primal_attention.train.stats import value_cell
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = ROOT / "docs" / "results" / "rl_runs"
@@ -36,23 +35,6 @@ MODELS = {"dt": "DT", "primal+": "Primal.+DT"}
 CPU_SCHEDULE = ["model.dim=128", "model.ffn_dim=512", "train.batch_size=32", "train.steps=1000",
                 "optim.warmup_steps=100", "train.eval_every=500", "data.options.eval_episodes=5", "train.threads=1",
                 "train.progress=false"]
-
-
-def cell(values: list[float], digits: int = 1) -> str:
-    if not values:
-        return "–"
-    mean, std = mean_std(values)
-    return f"{mean:.{digits}f} ± {std:.{digits}f}" if len(values) > 1 else f"{mean:.{digits}f}"
-
-
-def claim(config: str, seed: int) -> bool:
-    folder = WORK / "claims"
-    folder.mkdir(parents=True, exist_ok=True)
-    try:
-        os.close(os.open(folder / f"{config}-seed_{seed}", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
-        return True
-    except FileExistsError:
-        return False
 
 
 def cards() -> dict[str, dict]:
@@ -105,8 +87,8 @@ def write_page() -> None:
                 if not rs:
                     continue
                 wall = f"{statistics.mean(r['wall_time_s'] for r in rs):.0f}"
-                lines.append(f"| {env}-{ds} | {label} | {len(rs)} | {cell([r['test_score'] for r in rs])} | "
-                             f"{cell([r['best_test_score'] for r in rs])} | {cell([r['final_test_score'] for r in rs])} | {wall} |")
+                lines.append(f"| {env}-{ds} | {label} | {len(rs)} | {value_cell([r['test_score'] for r in rs], 1)} | "
+                             f"{value_cell([r['best_test_score'] for r in rs], 1)} | {value_cell([r['final_test_score'] for r in rs], 1)} | {wall} |")
     lines += ["", "**Runs not done** (CPU budget): " + ("; ".join(missing) if missing else "none") + ".", "",
               "For comparison only, on D4RL's own datasets (a different, larger collection; full schedule): the paper",
               "reports an average normalised score over the 9 datasets of 72.2 for DT and 77.5 for Primal.+DT.", "",
@@ -148,7 +130,7 @@ def main() -> None:
                     for model in args.models.split(","):
                         config = f"{env}-{ds}_{model}"
                         store = RUNS / config / f"seed_{seed}.json"
-                        if store.is_file() or not claim(config, seed):
+                        if store.is_file() or not claim(WORK / "claims", f"{config}-seed_{seed}"):
                             continue
                         run_stored(ROOT / "configs" / "rl" / f"{config}.yaml", store, WORK / config, seed, CPU_SCHEDULE)
                         write_page()

@@ -79,7 +79,7 @@ def test_dataset_names_and_files(tmp_path, monkeypatch) -> None:
 
 
 def test_bad_files_are_clear_errors(tmp_path) -> None:
-    with pytest.raises(DataError, match="collect it with `primal data collect-rl ENV`"):
+    with pytest.raises(DataError, match="no RL dataset at .*collect it with `primal data collect-rl ENV`"):
         load_transitions(tmp_path / "nope.npz")
     d = toy()
     np.savez(tmp_path / "short.npz", **{k: v for k, v in d.items() if k != "timeouts"})

@@ -9,6 +9,7 @@ only their grids and report writers.
 from __future__ import annotations
 
 import json
+import os
 import shlex
 from collections.abc import Sequence
 from pathlib import Path
@@ -41,3 +42,14 @@ def run_stored(config: Path, store: Path, work: Path, seed: int, overrides: Sequ
 def stored(directory: Path) -> list[dict]:
     """Every stored run (``seed_*.json``) in ``directory``."""
     return [json.loads(p.read_text()) for p in sorted(directory.glob("seed_*.json"))]
+
+
+def claim(folder: Path, name: str) -> bool:
+    """True for the one worker that creates ``folder/name`` (workers sharing a grid each take a cell
+    this way; delete the folder to re-claim cells after a crash)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        os.close(os.open(folder / name, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        return True
+    except FileExistsError:
+        return False

@@ -19,3 +19,11 @@ def percent_cell(values: Sequence[float]) -> str:
         return "–"
     mean, sd = mean_std([100 * v for v in values])
     return f"{mean:.1f} ± {sd:.1f} (n={len(values)})"
+
+
+def value_cell(values: Sequence[float], digits: int = 2) -> str:
+    """``mean ± sample std`` to ``digits`` decimals (the value alone for one seed); ``–`` when empty."""
+    if not values:
+        return "–"
+    mean, sd = mean_std(values)
+    return f"{mean:.{digits}f} ± {sd:.{digits}f}" if len(values) > 1 else f"{mean:.{digits}f}"
