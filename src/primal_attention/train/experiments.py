@@ -34,9 +34,22 @@ def run_stored(config: Path, store: Path, work: Path, seed: int, overrides: Sequ
     run_seeds(load_config(config, sets), work, [seed], resume=True)
     metrics = json.loads((work / f"seed_{seed}" / "metrics.json").read_text())
     metrics["command"] = shlex.join(command)
+    metrics["history"] = evaluation_history(work / f"seed_{seed}" / "history.csv")
     store.parent.mkdir(parents=True, exist_ok=True)
     store.write_text(json.dumps(metrics, indent=2))
     return metrics
+
+
+def evaluation_history(path: Path) -> list[dict]:
+    """Every evaluation of a run's ``history.csv``: step, epoch, the train loss and the val / test
+    metrics (the KSVD diagnostics left out), so that a selection can be re-derived from the store."""
+    import csv
+
+    if not path.is_file():
+        return []
+    keep = lambda k: k in ("step", "epoch", "train_loss") or k.startswith(("val_", "test_"))  # noqa: E731
+    with path.open(newline="") as f:
+        return [{k: float(v) for k, v in row.items() if keep(k) and v not in ("", None)} for row in csv.DictReader(f)]
 
 
 def stored(directory: Path) -> list[dict]:
