@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -55,6 +56,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", help="cpu or cuda[:i]")
     p.add_argument("--threads", type=int, help="torch threads (default: torch's)")
     p.add_argument("--no-memory", action="store_true", help="skip the isolated peak-memory measurement")
+    p.add_argument("--authors-repo", help="an export of the authors' repository (yingyichen-cyy/PrimalAttention): "
+                   "enables the `authors` method (their PrimalFormer, run side by side)")
     p.add_argument("--doc", help="also write the efficiency page here (e.g. docs/results/efficiency.md)")
     p.add_argument("--gpu-json", help="a GPU run's results.json to fill the page's GPU section")
     p.add_argument("--from-json", help="re-render tables, plots (and --doc) from existing results.json files (comma-separated runs of "
@@ -65,6 +68,14 @@ def run(args: argparse.Namespace) -> int:
     from primal_attention.bench import report
 
     preset = args.preset or ("quick" if args.quick else "full")
+    if args.authors_repo:
+        from primal_attention.bench.authors import ENV, unavailable_reason
+
+        os.environ[ENV] = str(Path(args.authors_repo).resolve())
+        reason = unavailable_reason()
+        if reason is not None:
+            print(f"primal bench: --authors-repo: {reason}", file=sys.stderr)
+            return 2
     if args.from_json:
         sources = [Path(v) for v in args.from_json.split(",") if v.strip()]
         missing = [str(v) for v in sources if not v.is_file()]

@@ -1,6 +1,7 @@
 """The attentions the benchmark compares, by name, with the settings of the paper's Table 3.
 
-Each entry names a registered attention (see :data:`primal_attention.layers.registry`) and the
+Each entry names a registered attention (or, ``authors``, the authors' own code given by path:
+:mod:`primal_attention.bench.authors`) (see :data:`primal_attention.layers.registry`) and the
 constructor options the benchmark gives it. The efficient baselines live in
 :mod:`primal_attention.baselines`; they are imported lazily, and an entry whose attention cannot be
 imported or is not registered is reported as unavailable instead of failing the run.
@@ -23,6 +24,7 @@ class MethodSpec:
     options: dict[str, Any] = field(default_factory=dict)
     module: str | None = None  # imported before use (registers the attention)
     primal: bool = False  # has a KSVD term (added to the loss as in training)
+    external: bool = False  # not one of our layers: built by primal_attention.bench.authors
 
 
 #: rank 20, n = 200 (rank_multi 10): the ListOps settings of the authors (docs/method.md §5).
@@ -40,6 +42,7 @@ METHODS: dict[str, MethodSpec] = {
         MethodSpec("performer", "Performer (256)", "performer", {"num_features": 256}, "primal_attention.baselines"),
         MethodSpec("reformer", "Reformer (2)", "reformer", {"n_hashes": 2}, "primal_attention.baselines"),
         MethodSpec("linear", "linear (elu+1)", "linear", {}, "primal_attention.baselines"),
+        MethodSpec("authors", "authors' PrimalFormer", "primal", dict(PRIMAL_OPTIONS), primal=True, external=True),
     )
 }
 
@@ -52,6 +55,10 @@ def availability(name: str) -> str | None:
     if name not in METHODS:
         return f"unknown method {name!r}; known: {', '.join(METHODS)}"
     spec = METHODS[name]
+    if spec.external:
+        from primal_attention.bench.authors import unavailable_reason
+
+        return unavailable_reason()
     if spec.module is not None:
         try:
             importlib.import_module(spec.module)

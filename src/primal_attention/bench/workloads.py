@@ -83,6 +83,22 @@ def _autocast(case: Case):
     return contextlib.nullcontext()
 
 
+def _build_authors(case: Case, device: torch.device, gen: torch.Generator) -> Callable[[], None]:
+    """The authors' code at ``case`` (eager only: their modules are not written for torch.compile)."""
+    from primal_attention.bench import authors
+
+    if case.mode != "eager":
+        raise ValueError("method authors runs eager only")
+    run = authors.build(case.level, seq_len=case.seq_len, batch=case.batch, dim=case.dim, heads=case.heads,
+                        vocab_size=VOCAB_SIZE, num_classes=NUM_CLASSES, eta=ETA, device=device, gen=gen)
+
+    def call() -> None:
+        with _autocast(case):
+            run()
+
+    return call
+
+
 def build(case: Case, seed: int = 0) -> Callable[[], None]:
     """A zero-argument callable that runs ``case`` once (inputs and optimiser state kept inside)."""
     if case.level not in LEVELS or case.dtype not in DTYPES or case.mode not in MODES:
@@ -91,6 +107,8 @@ def build(case: Case, seed: int = 0) -> Callable[[], None]:
     device = torch.device(case.device)
     gen = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
+    if spec.external:
+        return _build_authors(case, device, gen)
     if case.level == "layer":
         from primal_attention.layers import build_attention
         from primal_attention.layers import PrimalAttention
