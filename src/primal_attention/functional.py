@@ -16,6 +16,8 @@ passes over memory (docs/method.md §4, efficiency note):
   backward, and returns the Gram matrices as a small second output, so the KSVD gradient arrives in
   the same backward. Under autocast the matmuls run in the autocast dtype and the Gram matrices are
   accumulated in float32.
+* On CUDA, with Triton installed, the same row loop runs as two Triton kernels
+  (:mod:`primal_attention.kernels.triton_folded`; ``PRIMAL_ATTENTION_KERNEL`` chooses).
 * Short sequences (N < 16·D, e.g. UEA) and active dropout keep the per-head path
   (:func:`mix_and_project`), where folding ``out_proj`` costs more than it saves.
 """
@@ -28,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from primal_attention.kernels import kernel_choice
 from primal_attention.reference import EPS, PrimalWeights, uniform_sample_index
 
 #: rows per chunk of the folded path: 2048 rows of [q̂ | k̂] at D 64 are 1 MiB in float32, so a
@@ -392,10 +395,14 @@ def _folded(
         obias = None if obias is None else obias.to(dtype)
         real = None if real is None else real.to(dtype)
     need_gram = torch.is_grad_enabled()
+    args = (inp, wqk, bqk, fold, cbias, obias, real, token_weight, 2 * heads, need_gram, chunk_rows)
     with torch.autocast(x.device.type, enabled=False):
-        out, second = _FoldedPrimal.apply(
-            inp, wqk, bqk, fold, cbias, obias, real, token_weight, 2 * heads, need_gram, chunk_rows
-        )
+        if fold.dtype != torch.float64 and kernel_choice(x.device) == "triton":  # the kernels compute in float32
+            from primal_attention.kernels.triton_folded import TritonFoldedPrimal
+
+            out, second = TritonFoldedPrimal.apply(*args, _norm_eps(fold.dtype))
+        else:
+            out, second = _FoldedPrimal.apply(*args)
     if need_gram:
         gram = second.view(x.shape[0], 2, heads, d, d)
         return out, PrimalCache(None, proj, token_weight, gram, x.shape[1])

@@ -1,0 +1,77 @@
+"""The Triton kernels of the folded path agree with the PyTorch path (values and gradients).
+
+Without a GPU they run in Triton's interpreter (``TRITON_INTERPRET=1``, set before triton is
+imported, hence the subprocess); on a CUDA machine (``scripts/gpu_bench.sh``) the same checks run on
+the device. Skipped where the ``triton`` package is not installed (``pip install -e .[gpu]``).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from primal_attention.kernels import ENV, kernel_choice, triton_available
+
+CHECK = r"""
+import itertools, os, sys
+import torch
+from primal_attention.layers import PrimalAttention
+from primal_attention.kernels import triton_folded
+
+device = sys.argv[1]
+calls = []
+forward = triton_folded.TritonFoldedPrimal.forward
+triton_folded.TritonFoldedPrimal.forward = staticmethod(lambda ctx, *a: calls.append(1) or forward(ctx, *a))
+
+def run(kernel, causal, masked, sampling, grad_ksvd):
+    os.environ["PRIMAL_ATTENTION_KERNEL"] = kernel
+    torch.manual_seed(0)
+    layer = PrimalAttention(32, 2, max_seq_len=600, rank=5, rank_multi=3, causal=causal, sampling=sampling).to(device)
+    x = torch.randn(3, 600, 32, generator=torch.Generator().manual_seed(1)).to(device).requires_grad_(True)
+    mask = (torch.arange(600)[None] < torch.tensor([[600], [450], [130]])).to(device) if masked else None
+    out = layer(x, mask)
+    loss = out.square().mean() + (0.1 * layer.ksvd_objective().square() if grad_ksvd else 0.0)
+    loss.backward()
+    return [out.detach(), x.grad] + [p.grad for p in layer.parameters() if p.grad is not None]
+
+worst = 0.0
+for causal, masked, sampling, grad_ksvd in itertools.product((False, True), (False, True), ("uniform", "valid"), (True, False)):
+    ref, got = run("torch", causal, masked, sampling, grad_ksvd), run("triton", causal, masked, sampling, grad_ksvd)
+    assert len(ref) == len(got)
+    for a, b in zip(ref, got):
+        scale = a.abs().max().item() + 1e-12
+        err = (a - b).abs().max().item() / scale
+        worst = max(worst, err)
+        assert err < 1e-5, (causal, masked, sampling, grad_ksvd, err)
+assert len(calls) == 16, calls
+print(f"ok: 16 configurations, worst relative error {worst:.2e}")
+"""
+
+
+@pytest.mark.skipif(not triton_available(), reason="triton is not installed (pip install -e .[gpu])")
+def test_triton_folded_path_matches_torch_path() -> None:
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    env = {**os.environ, "PYTHONHASHSEED": "0"}
+    if device == "cpu":
+        env["TRITON_INTERPRET"] = "1"
+    proc = subprocess.run([sys.executable, "-c", CHECK, device], capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.startswith("ok:"), proc.stdout
+
+
+def test_kernel_choice(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(ENV, "torch")
+    assert kernel_choice(torch.device("cpu")) == "torch"
+    monkeypatch.setenv(ENV, "auto")
+    assert kernel_choice(torch.device("cpu")) == "torch"  # Triton only on CUDA unless asked for
+    monkeypatch.setenv(ENV, "fast")
+    with pytest.raises(ValueError, match="must be one of auto, torch, triton"):
+        kernel_choice(torch.device("cpu"))
+    monkeypatch.setenv(ENV, "triton")
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(RuntimeError, match="TRITON_INTERPRET=1" if triton_available() else "not installed"):
+        kernel_choice(torch.device("cpu"))
