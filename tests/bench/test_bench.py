@@ -156,3 +156,25 @@ def test_a_baseline_stopped_by_time_is_a_time_win_but_not_a_memory_win() -> None
     entry = analyse(result)["groups"]["train/fp32/eager"]["primal"]
     assert entry["time_crossover"]["n"] == 512
     assert entry["memory_crossover"]["n"] is None
+
+
+def test_targets_against_the_authors_only_where_timed_side_by_side() -> None:
+    from primal_attention.bench.report import authors_targets, curves
+
+    def rec(level: str, method: str, t: float, mem: float | None = None) -> dict:
+        r = {"level": level, "dtype": "fp32", "mode": "eager", "method": method, "seq_len": 4096, "status": "ok",
+             "time": {"median": t}}
+        if mem is not None:
+            r["memory_bytes"] = mem
+        return r
+
+    groups = curves([rec("layer", "primal", 0.02, 30.0), rec("layer", "authors", 0.15, 60.0),
+                     rec("train", "primal", 0.2), rec("train", "authors", 0.4)])
+    rows = {r["target"]: r for r in authors_targets(groups)}
+    layer = rows["layer + KSVD term fwd+bwd vs the authors' PrimalFormer, N 4096"]
+    assert layer["value"] == pytest.approx(7.5) and layer["met"] is True
+    assert rows["layer + KSVD term fwd+bwd: peak memory vs the authors', N 4096"]["value"] == pytest.approx(0.5)
+    train = rows["model training step vs the authors' PrimalFormer, N 4096"]
+    assert train["value"] == pytest.approx(2.0) and train["met"] is False
+    assert len(rows) == 3  # no memory for the training step: no memory row
+    assert authors_targets(curves([rec("layer", "primal", 0.02)])) == []  # authors not run: no rows

@@ -150,6 +150,30 @@ def targets(groups: dict[tuple[str, str, str], dict[str, dict[str, Any]]]) -> li
             c = crossover(p["time"], sd["time"], sd["stopped"][0] if sd["stopped"] else None)
             ok = None if c["kind"] == "no common lengths" else (c["n"] is not None and c["n"] <= 512)
             row("crossover vs SDPA (time)", c["n"], ok, "≤ 512", c["kind"])
+    rows += authors_targets(groups)
+    return rows
+
+
+def authors_targets(groups: dict[tuple[str, str, str], dict[str, dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Issue 16's targets against the authors' PrimalFormer (method ``authors``), fp32 eager, N 4096:
+    only where the run timed it beside ``primal``."""
+    rows: list[dict[str, Any]] = []
+    goals = {"layer": (5.0, "layer + KSVD term fwd+bwd"), "train": (2.5, "model training step")}
+    for level, (goal, what) in goals.items():
+        g = groups.get((level, "fp32", "eager"), {})
+        p, a = g.get("primal"), g.get("authors")
+        if p is None or a is None:
+            continue
+        t_p, t_a = _at(p, "time", TARGET_N), _at(a, "time", TARGET_N)
+        if t_p and t_a:
+            r = t_a / t_p
+            rows.append({"target": f"{what} vs the authors' PrimalFormer, N {TARGET_N}", "goal": f"≥ {goal:g}×",
+                         "value": r, "met": r >= goal, "how": "t_authors / t_primal", "mode": "eager"})
+        m_p, m_a = _at(p, "memory", TARGET_N), _at(a, "memory", TARGET_N)
+        if m_p and m_a:
+            rows.append({"target": f"{what}: peak memory vs the authors', N {TARGET_N}", "goal": "≤ 1.0×",
+                         "value": m_p / m_a, "met": m_p / m_a <= 1.0, "how": "mem_primal / mem_authors",
+                         "mode": "eager"})
     return rows
 
 
@@ -262,7 +286,7 @@ def markdown(result: dict[str, Any], analysis: dict[str, Any], *, plots: dict[st
     for k, v in lim.items():
         unit = "GFLOP/s" if "gflops" in k else "GB/s"
         lines.append(f"| {k.replace('_gflops', '').replace('_gbs', '')} ({unit}) | {v:.1f} | {_fmt(after.get(k), '.1f')} |")
-    lines += ["", f"{h} Targets (issue 4: training step, fp32, B {meta['config']['batch']})", ""]
+    lines += ["", f"{h} Targets (issue 4: training step; issue 16: against the authors' code; fp32, B {meta['config']['batch']})", ""]
     if analysis["targets"]:
         lines += ["| target | goal | measured | met | how |", "|---|---|---|---|---|"]
         for t in analysis["targets"]:
