@@ -178,3 +178,15 @@ def test_targets_against_the_authors_only_where_timed_side_by_side() -> None:
     assert train["value"] == pytest.approx(2.0) and train["met"] is False
     assert len(rows) == 3  # no memory for the training step: no memory row
     assert authors_targets(curves([rec("layer", "primal", 0.02)])) == []  # authors not run: no rows
+
+
+def test_the_layer_target_is_compared_with_the_analytic_floor() -> None:
+    from primal_attention.bench.report import _floor_vs_authors_target, curves
+
+    rec = {"level": "layer", "dtype": "fp32", "mode": "eager", "method": "authors", "seq_len": 4096, "status": "ok",
+           "time": {"median": 0.087}}
+    (line,) = [x for x in _floor_vs_authors_target(curves([rec]), {"seq_len": 4096, "analytic_floor_s": 0.022}) if x]
+    assert "asks for 17.4 ms, below the floor" in line and "4.0× faster than the authors'" in line
+    (line,) = [x for x in _floor_vs_authors_target(curves([rec]), {"seq_len": 4096, "analytic_floor_s": 0.010}) if x]
+    assert "above the floor" in line
+    assert _floor_vs_authors_target(curves([]), {"seq_len": 4096, "analytic_floor_s": 0.01}) == []

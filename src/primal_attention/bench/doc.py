@@ -29,7 +29,9 @@ What is measured (`primal_attention.bench`):
 - **methods**: primal (fast path, `primal_attention.functional`), primal (reference: the readable math of
   `primal_attention.reference`), softmax via fused SDPA, softmax with the N×N matrix, and the paper's
   Table 3 baselines: Nyström (64 landmarks), Linformer (k 256), Performer (256 features), Reformer
-  (2 hashes), linear attention (elu+1).
+  (2 hashes), linear attention (elu+1); and, where the run was given an export of the authors'
+  repository (`--authors-repo`), the authors' own PrimalFormer (`authors`: their attention and LRA model
+  modules unchanged, same s, n, η and dropout), for side-by-side ratios against their code.
 - **timing**: all methods of one (level, dtype, mode, N) are built side by side and timed in interleaved
   rounds after a warm-up (median over the rounds; quartiles in the JSON), so each ratio compares calls made
   under the same load. Methods stop gracefully at the time or memory budget (forecast from the previous
@@ -47,7 +49,8 @@ GPU_PLACEHOLDER = """\
 ## GPU
 
 To be filled by `{gpu_command}` on a CUDA machine (it runs the same harness with `--preset gpu`: one
-device, under 5 minutes, and writes the same tables). No GPU was available to us, and no GPU number on
+device, under 5 minutes, and writes the same tables; it first checks the Triton kernels of the folded
+path against the PyTorch path on the device). No GPU was available to us, and no GPU number on
 this page is estimated or copied: the section stays empty until a real run exists.
 """
 

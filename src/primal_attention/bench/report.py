@@ -256,6 +256,18 @@ def _stopped_cell(c: dict[str, Any], n: int) -> str | None:
     return None
 
 
+def _floor_vs_authors_target(groups: dict, limit_row: dict[str, Any]) -> list[str]:
+    """Where the authors' layer was timed: how the ≥ 5× layer target compares with the analytic floor."""
+    a = _at(groups.get(("layer", "fp32", "eager"), {}).get("authors"), "time", limit_row["seq_len"])
+    if not a:
+        return []
+    goal, floor = a / 5, limit_row["analytic_floor_s"]
+    verdict = (f"below the floor ({_ms(floor)} ms): no implementation reaches it on this machine, and a layer "
+               f"at the floor would be {a / floor:.1f}× faster than the authors'" if goal < floor
+               else f"above the floor ({_ms(floor)} ms): attainable in principle")
+    return ["", f"The ≥ 5× layer target against the authors' layer ({_ms(a)} ms) asks for {_ms(goal)} ms, {verdict}."]
+
+
 def markdown(result: dict[str, Any], analysis: dict[str, Any], *, plots: dict[str, str] | None = None,
              heading_level: int = 2) -> str:
     """Tables of one run: targets, distance to limits, then time / memory per level."""
@@ -295,6 +307,7 @@ def markdown(result: dict[str, Any], analysis: dict[str, Any], *, plots: dict[st
             lines.append(f"| {t['target']} | {t['goal']} | {val} | {met} | {t['how']} |")
     else:
         lines.append("(no training-step fp32 results in this run)")
+    groups_all = curves(result["records"])
     if analysis["limits"]:
         lines += ["", f"{h} Distance to the limits (fp32 eager)", "",
                   "FLOPs: matmul and attention-kernel FLOPs of one call, counted per operator; bytes: operator-level "
@@ -312,6 +325,7 @@ def markdown(result: dict[str, Any], analysis: dict[str, Any], *, plots: dict[st
                 lines += ["", f"Primal layer, analytic compulsory work at N {r['seq_len']}: {r['analytic_flops'] / 1e9:.2f} GFLOP "
                           f"and {r['analytic_bytes'] / 1e6:.0f} MB of main-memory traffic, floor {_ms(r['analytic_floor_s'])} ms "
                           f"= {r['analytic_floor_fraction']:.0%} of the measured {_ms(r['time_s'])} ms."]
+                lines += _floor_vs_authors_target(groups_all, r)
     groups = curves(result["records"])
     for key in sorted(groups, key=lambda k: (("train", "layer", "infer").index(k[0]) if k[0] in ("train", "layer", "infer") else 9, k[1], k[2])):
         level, dtype, mode = key
