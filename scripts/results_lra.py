@@ -24,7 +24,7 @@ import yaml
 
 from primal_attention.train.config import config_to_dict, load_config
 from primal_attention.train.experiments import claim, run_stored, stored
-from primal_attention.train.stats import percent_cell
+from primal_attention.train.stats import value_cell
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = ROOT / "docs" / "results" / "lra_runs"
@@ -127,6 +127,11 @@ def curves(task: str) -> Path | None:
     return path
 
 
+def pct(fractions: list[float]) -> str:
+    """Mean ± sample std in % (the value alone for one seed; n is its own column)."""
+    return value_cell([100 * v for v in fractions], 1)
+
+
 def pathfinder_note() -> list[str]:
     """What the Pathfinder rows say, from the stored runs of the long schedule."""
     base = ("**Pathfinder** stays at chance for every model on the grid's schedule (1000 steps of batch 16, "
@@ -186,10 +191,10 @@ def write_table() -> None:
                         continue
                 paper = PAPER[task][key] if task == "listops" and extra else "–"
                 wall = f"{statistics.mean(r['wall_time_s'] for r in rs):.0f}"
-                selected = "–" if old else percent_cell([r["test_acc"] for r in rs])
+                selected = "–" if old else pct([r["test_acc"] for r in rs])
                 lines.append(f"| {task} | {name}{' †' if old else ''} | {paper} | {len(rs)} | {selected} | "
-                             f"{percent_cell([r['best_test_acc'] for r in rs])} | "
-                             f"{percent_cell([r['final_test_acc'] for r in rs])} | {CHANCE[task]} | {wall} |")
+                             f"{pct([r['best_test_acc'] for r in rs])} | "
+                             f"{pct([r['final_test_acc'] for r in rs])} | {CHANCE[task]} | {wall} |")
     missing.append("listops Transformer and Primal.+Trans. at the full length: not in the grid "
                    "(a softmax layer at 2000 tokens does not fit this CPU budget)")
     lines += ["", "**Runs still missing** (CPU budget): " + "; ".join(missing) + ".", "",
