@@ -307,7 +307,7 @@ def markdown(result: dict[str, Any], analysis: dict[str, Any], *, plots: dict[st
             lines.append(f"| {t['target']} | {t['goal']} | {val} | {met} | {t['how']} |")
     else:
         lines.append("(no training-step fp32 results in this run)")
-    groups_all = curves(result["records"])
+    groups = curves(result["records"])
     if analysis["limits"]:
         lines += ["", f"{h} Distance to the limits (fp32 eager)", "",
                   "FLOPs: matmul and attention-kernel FLOPs of one call, counted per operator; bytes: operator-level "
@@ -325,8 +325,7 @@ def markdown(result: dict[str, Any], analysis: dict[str, Any], *, plots: dict[st
                 lines += ["", f"Primal layer, analytic compulsory work at N {r['seq_len']}: {r['analytic_flops'] / 1e9:.2f} GFLOP "
                           f"and {r['analytic_bytes'] / 1e6:.0f} MB of main-memory traffic, floor {_ms(r['analytic_floor_s'])} ms "
                           f"= {r['analytic_floor_fraction']:.0%} of the measured {_ms(r['time_s'])} ms."]
-                lines += _floor_vs_authors_target(groups_all, r)
-    groups = curves(result["records"])
+                lines += _floor_vs_authors_target(groups, r)
     for key in sorted(groups, key=lambda k: (("train", "layer", "infer").index(k[0]) if k[0] in ("train", "layer", "infer") else 9, k[1], k[2])):
         level, dtype, mode = key
         methods = groups[key]

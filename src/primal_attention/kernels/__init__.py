@@ -10,6 +10,7 @@ how the tests check it without a GPU), ``auto`` (default: Triton on CUDA when it
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 
@@ -19,6 +20,7 @@ ENV = "PRIMAL_ATTENTION_KERNEL"
 CHOICES = ("auto", "torch", "triton")
 
 
+@functools.cache
 def triton_available() -> bool:
     """True when the ``triton`` package can be imported here."""
     return importlib.util.find_spec("triton") is not None
