@@ -91,6 +91,35 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _sweep(args: argparse.Namespace) -> int:
+    from primal_attention.data.base import DataError
+    from primal_attention.train.checkpoint import CheckpointError
+    from primal_attention.train.config import ConfigError
+    from primal_attention.train.sweep import parse_grid, run_sweep
+    from primal_attention.train.trainer import Interrupted, RunError
+
+    try:
+        grid = parse_grid(args.grid)
+        out = Path(args.out)
+        report = run_sweep(args.config, grid, out, store=args.store, sweep_seed=args.sweep_seed, final_seeds=args.seeds,
+                           overrides=args.set, threads=args.threads, workers=args.workers)
+    except Interrupted as stop:
+        print(f"primal sweep: {stop}; run the same command again to continue", file=sys.stderr)
+        return 130
+    except KeyboardInterrupt:
+        print("primal sweep: interrupted; run the same command again to continue", file=sys.stderr)
+        return 130
+    except (CheckpointError, ConfigError, DataError, RunError, RuntimeError) as err:
+        print(f"primal sweep: error: {err}", file=sys.stderr)
+        return 2
+    store = Path(args.store or args.out)
+    metric = report["selection"]["metric"]
+    print(f"{report['name']}: chose {report['chosen']} on {metric} -> {store / 'sweep.md'}")
+    for key, v in report["final"].items():
+        print(f"  {key:18s} {v['mean']:.4f} ± {v['std']:.4f} (n={v['n']})")
+    return 0
+
+
 def _eval_one(path: Path, last: bool) -> dict:
     from primal_attention.train.checkpoint import CheckpointError
     from primal_attention.train.run import load_run
@@ -272,6 +301,19 @@ def build_parser() -> argparse.ArgumentParser:
                    help="continue interrupted runs, skip finished seeds (the config must be the one they were trained with)")
     p.add_argument("--overwrite", action="store_true", help="remove runs already in --out (checkpoints, TensorBoard) first")
     p.set_defaults(func=_train)
+
+    p = sub.add_parser("sweep", help="sweep a config over a grid, select on validation, then train the choice with several seeds")
+    p.add_argument("config", help="experiment YAML (trained under the holdout protocol whatever it says)")
+    p.add_argument("--grid", action="append", required=True, metavar="KEY=V1,V2,...",
+                   help="values to sweep, e.g. optim.lr=1e-4,3e-4,1e-3,3e-3 (repeat for more keys: their product)")
+    p.add_argument("--out", required=True, help="sweep directory (run folders, checkpoints, locks)")
+    p.add_argument("--store", help="where the JSON results and sweep.md go (default: --out)")
+    p.add_argument("--sweep-seed", type=int, default=0, help="the one seed every grid point is trained with")
+    p.add_argument("--seeds", type=_seeds, default=[0, 1, 2], help="final seeds of the chosen point (default 0,1,2)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config value at every point")
+    p.add_argument("--threads", type=_positive, default=1, help="torch threads per run")
+    p.add_argument("--workers", type=_positive, default=1, help="processes sharing the grid (each a run at a time)")
+    p.set_defaults(func=_sweep)
 
     data = sub.add_parser("data", help="prepare datasets")
     data_sub = data.add_subparsers(dest="data_command", required=True)

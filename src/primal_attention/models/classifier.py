@@ -25,6 +25,7 @@ from primal_attention.models.dropout import Dropout
 
 POSITIONAL = ("learned", "sinusoidal", "none")
 POOLING = ("mean", "cls", "flatten")
+EMBEDDING_INITS = ("auto", "normal", "torch")
 
 
 @dataclass
@@ -49,6 +50,11 @@ class ClassifierConfig:
     input_scale: bool = False
     head_hidden: int | None = None
     dual: bool = False
+    #: "normal": token embedding and learned positions N(0, 0.02) (the authors' LRA ``Embeddings``);
+    #: "torch": PyTorch's defaults for the input layer (an ``nn.Embedding`` is N(0, 1)) and learned
+    #: positions U(-0.02, 0.02) (the authors' UEA ``LearnablePositionalEncoding``); "auto": "normal" for
+    #: token input, "torch" for continuous input — each the authors' choice for that kind of data.
+    embedding_init: str = "auto"
 
     def __post_init__(self) -> None:
         if (self.vocab_size is None) == (self.num_features is None):
@@ -61,6 +67,8 @@ class ClassifierConfig:
             raise ValueError(f"ClassifierConfig: num_classes must be >= 2, got {self.num_classes}")
         if self.max_seq_len <= 0:
             raise ValueError(f"ClassifierConfig: max_seq_len must be positive, got {self.max_seq_len}")
+        if self.embedding_init not in EMBEDDING_INITS:
+            raise ValueError(f"ClassifierConfig: embedding_init must be one of {EMBEDDING_INITS}, got {self.embedding_init!r}")
         if self.dual and self.pooling == "flatten":
             raise ValueError("ClassifierConfig: the dual (retrieval) head needs mean or cls pooling")
 
@@ -94,8 +102,12 @@ class SequenceClassifier(nn.Module):
             self.embed = nn.Linear(c.num_features, c.dim)
         extra = 1 if c.pooling == "cls" else 0
         length = c.max_seq_len + extra
+        normal = c.embedding_init == "normal" or (c.embedding_init == "auto" and c.vocab_size is not None)
+        if normal and c.vocab_size is not None:
+            nn.init.normal_(self.embed.weight, std=0.02)
         if c.positional == "learned":
-            self.pos = nn.Parameter(torch.empty(length, c.dim).uniform_(-0.02, 0.02))
+            table = torch.empty(length, c.dim)
+            self.pos = nn.Parameter(table.normal_(std=0.02) if normal else table.uniform_(-0.02, 0.02))
         elif c.positional == "sinusoidal":
             self.register_buffer("pos", sinusoidal_positions(length, c.dim), persistent=False)
         else:

@@ -384,6 +384,8 @@ class Trainer:
             "train_examples": len(splits.train),
             "val_examples": 0 if splits.val is None else len(splits.val),
             "test_examples": len(splits.test),
+            # what chooses the evaluation point (the split is val under holdout, test under authors)
+            "selection": {"metric": loop.task.select, "maximize": loop.task.maximize},
         }
         task, reported = loop.task, loop.task.reported
         if t.protocol == "authors":

@@ -1,0 +1,121 @@
+"""`primal sweep`: grid parsing, selection on validation only, resumable and parallel cells."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from primal_attention.train.config import ConfigError
+from primal_attention.train.sweep import Sweep, SweepPoint, grid_points, parse_grid, point_name, select_point
+
+CONFIG = Path(__file__).resolve().parents[2] / "configs" / "uea" / "JapaneseVowels_primal+.yaml"
+TINY = ["data.max_examples=60", "model.dim=16", "model.num_heads=2", "model.ffn_dim=32",
+        "model.attention_options.primal.rank=4", "train.batch_size=8", "train.eval_batch_size=128", "train.epochs=2"]
+
+
+def test_grid_values_are_yaml_and_their_product_is_ordered() -> None:
+    grid = parse_grid(["optim.lr=1e-4,3e-4", "train.eta=0,0.1", "model.dropout=null"])
+    assert grid == {"optim.lr": [1e-4, 3e-4], "train.eta": [0, 0.1], "model.dropout": [None]}
+    points = grid_points(grid)
+    assert [tuple(p.values()) for p in points] == [(1e-4, 0, None), (1e-4, 0.1, None), (3e-4, 0, None), (3e-4, 0.1, None)]
+    assert point_name(points[1]) == "optim.lr=0.0001,train.eta=0.1,model.dropout=null"
+    assert point_name({"model.attention": "a/b c"}) == "model.attention=a_b_c"
+
+
+@pytest.mark.parametrize("specs, message", [
+    ([], "at least one --grid"),
+    (["optim.lr"], "must look like key.sub=v1,v2"),
+    (["optim.lr="], "must look like key.sub=v1,v2"),
+    (["optim.lr=1e-4,,1e-3"], "empty value"),
+    (["optim.lr=1e-4,1e-4"], "repeated"),
+    (["optim.lr=1e-4", "optim.lr=1e-3"], "given twice"),
+    (["train.seed=0,1"], "cannot be swept"),
+    (["train.protocol=authors"], "cannot be swept"),
+])
+def test_bad_grids_are_one_clear_error(specs, message) -> None:
+    with pytest.raises(ConfigError, match=message):
+        parse_grid(specs)
+
+
+def _point(lr: float, val: float, test: float) -> SweepPoint:
+    return SweepPoint({"optim.lr": lr}, point_name({"optim.lr": lr}), val, test, {})
+
+
+def test_selection_uses_validation_in_the_task_direction_and_ties_go_first() -> None:
+    points = [_point(1e-4, 0.5, 0.9), _point(3e-4, 0.7, 0.1), _point(1e-3, 0.7, 0.2)]
+    assert select_point(points, maximize=True).point == {"optim.lr": 3e-4}  # test (0.9) never chooses
+    assert select_point(points, maximize=False).point == {"optim.lr": 1e-4}  # e.g. a validation loss
+    with pytest.raises(ValueError):
+        select_point([], maximize=True)
+
+
+def test_a_sweep_checks_every_point_before_training(tmp_path) -> None:
+    with pytest.raises(ConfigError, match="model.num_heads|divisible|heads"):
+        Sweep(CONFIG, {"model.num_heads": [2, 5]}, tmp_path, overrides=tuple(TINY))
+    with pytest.raises(ConfigError, match="unknown key"):
+        Sweep(CONFIG, {"optim.lrr": [1e-3]}, tmp_path, overrides=tuple(TINY))
+    assert not (tmp_path / "points").exists()
+
+
+def _fake(store: Path, lr: float, val: float, test: float) -> None:
+    path = store / "points" / point_name({"optim.lr": lr}) / "seed_0.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"name": "x", "best_val_acc": val, "test_acc": test, "wall_time_s": 1.0,
+                                "selection": {"metric": "acc", "maximize": True}}))
+
+
+def test_stored_points_are_selected_on_validation_not_test(tmp_path) -> None:
+    sweep = Sweep(CONFIG, {"optim.lr": [1e-4, 1e-3, 1e-2]}, tmp_path, overrides=tuple(TINY))
+    _fake(tmp_path, 1e-4, val=0.6, test=0.95)
+    _fake(tmp_path, 1e-3, val=0.8, test=0.50)
+    assert sweep.chosen() is None  # one point still missing
+    _fake(tmp_path, 1e-2, val=0.7, test=0.99)
+    assert sweep.chosen().point == {"optim.lr": 1e-3}
+    report = sweep.write_report()
+    assert report["complete"] and report["chosen"] == {"optim.lr": 1e-3} and not report["final_complete"]
+    assert "**chosen**" in (tmp_path / "sweep.md").read_text().split("0.001 |")[1].splitlines()[0]
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "primal_attention.cli", *args], capture_output=True, text=True,
+                          timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
+def _sets() -> list[str]:
+    return [a for s in TINY for a in ("--set", s)]
+
+
+def test_sweep_cli_trains_selects_and_runs_the_final_seeds_once(tmp_path) -> None:
+    out, store = tmp_path / "runs", tmp_path / "store"
+    args = ["sweep", str(CONFIG), "--grid", "optim.lr=1e-4,3e-3", "--out", str(out), "--store", str(store),
+            "--seeds", "0,1", "--workers", "2", *_sets()]
+    proc = cli(*args)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads((store / "sweep.json").read_text())
+    points = {p["name"]: p for p in report["points"]}
+    assert set(points) == {"optim.lr=0.0001", "optim.lr=0.003"} and report["complete"] and report["final_complete"]
+    best = max(report["points"], key=lambda p: (p["val_acc"], -report["points"].index(p)))
+    assert report["chosen"] == best["point"] and report["selection"]["metric"] == "val_acc"
+    for p in report["points"]:  # every point trained once, under the holdout protocol, on one budget
+        metrics = json.loads((store / "points" / p["name"] / "seed_0.json").read_text())
+        assert metrics["protocol"] == "holdout" and metrics["epochs"] == 2 and metrics["val_examples"] > 0
+    # the chosen point at the sweep seed is reused as final seed 0; seed 1 is a new run
+    chosen = store / "points" / point_name(report["chosen"]) / "seed_0.json"
+    assert (store / "final" / "seed_0.json").read_text() == chosen.read_text()
+    assert json.loads((store / "final" / "seed_1.json").read_text())["seed"] == 1
+    assert report["final"]["test_acc"]["n"] == 2
+    # run again: nothing is trained, the same report comes back
+    again = cli(*args)
+    assert again.returncode == 0, again.stderr
+    assert "$ primal train" not in again.stdout and json.loads((store / "sweep.json").read_text()) == report
+
+
+def test_sweep_cli_bad_grid_is_one_line(tmp_path) -> None:
+    proc = cli("sweep", str(CONFIG), "--grid", "train.seed=0,1", "--out", str(tmp_path))
+    assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0
+    assert "primal sweep: error: --grid: train.seed cannot be swept" in proc.stderr
