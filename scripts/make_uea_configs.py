@@ -35,7 +35,10 @@ def experiment(name: str, family: str, dataset: str, kind: str, rank: int | None
     model = {
         "kind": kind, "layers": 2, "dim": 512, "num_heads": 8, "ffn_dim": 2048, "dropout": 0.1,
         "norm_first": False, "positional": "learned", "pooling": "flatten",
-        "attention_options": {"primal": {"rank": rank, "rank_multi": multi}} if rank else {},
+        # the authors scale the projected input by sqrt(D) and drop softmax probabilities at 0.1
+        "input_scale": True,
+        "attention_options": {"softmax": {"dropout": 0.1},
+                              **({"primal": {"rank": rank, "rank_multi": multi}} if rank else {})},
     }
     return {
         "name": name,

@@ -107,7 +107,9 @@ class TransformerStack(nn.Module):
         attention: one registered attention name per layer, e.g. ["softmax", "primal"].
         dim, num_heads, ffn_dim: widths. max_seq_len: passed to the attentions (caps primal n).
         causal: every attention causal (decoder stacks).
-        attention_options: per attention name, extra constructor options.
+        attention_options: per attention name, extra constructor options; they override the shared
+            ``max_seq_len`` / ``causal`` / ``dropout`` (``{"softmax": {"dropout": 0.1}}``: dropout on the
+            softmax probabilities only).
         final_norm: a LayerNorm after the last block (the usual pre-norm ending).
         drop_path: stochastic-depth probability, one for every layer or one per layer (DeiT
             increases it linearly over the blocks, ``torch.linspace(0, rate, depth)``).
@@ -140,15 +142,9 @@ class TransformerStack(nn.Module):
         self.attention = list(attention)
         self.blocks = nn.ModuleList(
             TransformerBlock(
-                build_attention(
-                    name,
-                    dim,
-                    num_heads,
-                    max_seq_len=max_seq_len,
-                    causal=causal,
-                    dropout=attention_dropout,
-                    **dict(options.get(name, {})),
-                ),
+                # per-name options win over the shared ones (e.g. dropout on softmax probabilities only)
+                build_attention(name, dim, num_heads, **{"max_seq_len": max_seq_len, "causal": causal,
+                                                         "dropout": attention_dropout, **dict(options.get(name, {}))}),
                 dim,
                 ffn_dim,
                 dropout=dropout,
