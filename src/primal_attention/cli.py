@@ -120,6 +120,24 @@ def _sweep(args: argparse.Namespace) -> int:
     return 0
 
 
+def _baselines(args: argparse.Namespace) -> int:
+    from primal_attention.data.base import DataError
+    from primal_attention.train.config import ConfigError, load_config
+    from primal_attention.train.trivial import trivial_baselines
+
+    try:
+        cfg = load_config(args.config, args.set)
+        result = {f"seed_{s}": trivial_baselines(cfg, seed=s) for s in args.seeds}
+    except (ConfigError, DataError) as err:
+        print(f"primal baselines: error: {err}", file=sys.stderr)
+        return 2
+    text = json.dumps(result, indent=2)
+    if args.json:
+        Path(args.json).write_text(text + "\n")
+    print(text)
+    return 0
+
+
 def _eval_one(path: Path, last: bool) -> dict:
     from primal_attention.train.checkpoint import CheckpointError
     from primal_attention.train.run import load_run
@@ -314,6 +332,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=_positive, default=1, help="torch threads per run")
     p.add_argument("--workers", type=_positive, default=1, help="processes sharing the grid (each a run at a time)")
     p.set_defaults(func=_sweep)
+
+    p = sub.add_parser("baselines", help="trivial baselines (majority class, position-blind, ...) on a config's holdout splits")
+    p.add_argument("config", help="experiment YAML")
+    p.add_argument("--seeds", type=_seeds, default=[0], help="validation splits drawn with these seeds (default 0)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config value")
+    p.add_argument("--json", help="also write the result here")
+    p.set_defaults(func=_baselines)
 
     data = sub.add_parser("data", help="prepare datasets")
     data_sub = data.add_subparsers(dest="data_command", required=True)

@@ -1,0 +1,198 @@
+"""Trivial baselines on a config's own splits: what a number means before any attention is involved.
+
+``trivial_baselines(cfg)`` builds the data of ``cfg`` under the holdout protocol (the same validation
+split, drawn with ``train.seed``, that the models are selected on) and scores, per family:
+
+* classification (UEA, LRA, vision): the **majority class** of TRAIN; a **position-blind** MLP on features
+  that ignore order — token frequencies (the bag of tokens; for LRA Image, the grey-level histogram),
+  per-channel statistics of a time series (mean, std, min, max over the real steps), or per-channel
+  pixel histograms of an image — with its epoch selected on validation; for ListOps also the
+  **outermost operator**: a lookup from the first token to the TRAIN majority label of that token.
+* language models: **unigram** and **bigram** models of TRAIN with add-k smoothing (k selected on
+  validation): perplexity and bits per byte on the same targets the models are scored on.
+* offline RL: the **behaviour policy**, the D4RL-normalised mean return of the dataset's own episodes.
+
+Every entry: ``{"val_<metric>": ..., "test_<metric>": ..., "what": a one-line description}``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from primal_attention.train.config import ExperimentConfig
+from primal_attention.train.data import build_splits
+
+__all__ = ["trivial_baselines", "majority_class", "first_token_lookup", "ngram_lm", "position_blind_features",
+           "fit_mlp"]
+
+
+def majority_class(train_y: Tensor, *ys: Tensor) -> list[float]:
+    """Accuracy on each of ``ys`` of always predicting TRAIN's most frequent class (ties: lowest label)."""
+    label = int(torch.bincount(train_y).argmax())
+    return [float((y == label).float().mean()) for y in ys]
+
+
+def first_token_lookup(train_x: Tensor, train_y: Tensor, *sets: tuple[Tensor, Tensor]) -> list[float]:
+    """Accuracy on each (x, y) of predicting TRAIN's majority label of the example's first token
+    (TRAIN's majority class for a first token TRAIN never saw)."""
+    fallback = int(torch.bincount(train_y).argmax())
+    table: dict[int, int] = {}
+    first = train_x[:, 0]
+    for token in first.unique().tolist():
+        table[token] = int(torch.bincount(train_y[first == token]).argmax())
+    out = []
+    for x, y in sets:
+        pred = torch.tensor([table.get(t, fallback) for t in x[:, 0].tolist()], dtype=y.dtype)
+        out.append(float((pred == y).float().mean()))
+    return out
+
+
+def _bag(x: Tensor, mask: Tensor, vocab: int) -> Tensor:
+    """Token frequencies over the real tokens (M, V) and log(1 + length) (M, 1)."""
+    m, length = mask.shape[0], mask.sum(1)
+    counts = torch.zeros(m, vocab)
+    counts.scatter_add_(1, x.long(), mask.float())
+    return torch.cat([counts / length.clamp_min(1)[:, None], torch.log1p(length.float())[:, None]], dim=1)
+
+
+def _channel_stats(x: Tensor, mask: Tensor) -> Tensor:
+    """Mean, std, min, max of every channel over the real steps (M, 4C), and log(1 + length) (M, 1)."""
+    w = mask[..., None].float()
+    n = w.sum(1).clamp_min(1)
+    mean = (x * w).sum(1) / n
+    std = (((x - mean[:, None]) ** 2 * w).sum(1) / n).sqrt()
+    big = torch.finfo(x.dtype).max
+    lo = torch.where(mask[..., None], x, big).amin(1)
+    hi = torch.where(mask[..., None], x, -big).amax(1)
+    return torch.cat([mean, std, lo, hi, torch.log1p(n[:, :1])], dim=1)
+
+
+def _pixel_histograms(x: Tensor, bins: int, lo: Tensor, hi: Tensor) -> Tensor:
+    """Per-channel histograms of the pixel values (M, C·bins) on TRAIN's value range per channel."""
+    m, c = x.shape[:2]
+    flat = x.reshape(m, c, -1)
+    idx = ((flat - lo[None, :, None]) / (hi - lo).clamp_min(1e-12)[None, :, None] * bins).long().clamp(0, bins - 1)
+    hist = torch.zeros(m, c, bins)
+    hist.scatter_add_(2, idx, torch.ones_like(flat))
+    return (hist / flat.shape[-1]).reshape(m, c * bins)
+
+
+def position_blind_features(splits: list[Any], *, bins: int = 32) -> tuple[list[Tensor], str]:
+    """Order-free features of each split (same featurisation for all, fitted on the first = TRAIN)
+    and a description of them."""
+    train = splits[0]
+    if train.x.dim() == 4:  # images (M, C, H, W)
+        lo, hi = train.x.transpose(0, 1).reshape(train.x.shape[1], -1).aminmax(dim=1)
+        return [_pixel_histograms(d.x, bins, lo, hi) for d in splits], f"per-channel pixel histograms ({bins} bins)"
+    if train.vocab_size is not None:
+        one = lambda x, m: _bag(x, m, train.vocab_size)  # noqa: E731
+        what = "token frequencies (bag of tokens)" + (", grey-level histogram" if train.name.startswith("image") else "")
+        if train.x2 is not None:  # two documents: u, v, u * v, |u - v|
+            feats = []
+            for d in splits:
+                u, v = one(d.x, d.mask), one(d.x2, d.mask2)
+                feats.append(torch.cat([u, v, u * v, (u - v).abs()], dim=1))
+            return feats, what + " of both documents, [u, v, u·v, |u−v|]"
+        return [one(d.x, d.mask) for d in splits], what
+    return [_channel_stats(d.x, d.mask) for d in splits], "per-channel mean, std, min, max over the real steps"
+
+
+def fit_mlp(train: tuple[Tensor, Tensor], val: tuple[Tensor, Tensor], test: tuple[Tensor, Tensor], num_classes: int, *,
+            hidden: int = 256, epochs: int = 60, lr: float = 1e-3, batch_size: int = 256, seed: int = 0) -> tuple[float, float]:
+    """A one-hidden-layer MLP on standardised features; returns (val, test) accuracy at the epoch with
+    the best validation accuracy (the first such epoch)."""
+    g = torch.Generator().manual_seed(seed)
+    (xt, yt), (xv, yv), (xs, ys) = train, val, test
+    mean, std = xt.mean(0), xt.std(0).clamp_min(1e-6)
+    xt, xv, xs = ((a - mean) / std for a in (xt, xv, xs))
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(xt.shape[1], hidden), nn.ReLU(), nn.Linear(hidden, num_classes))
+    opt = torch.optim.Adam(model.parameters(), lr=lr, weight_decay=1e-4)
+    best = (-1.0, 0.0)
+    for _ in range(epochs):
+        model.train()
+        for idx in torch.randperm(len(xt), generator=g).split(batch_size):
+            opt.zero_grad(set_to_none=True)
+            F.cross_entropy(model(xt[idx]), yt[idx]).backward()
+            opt.step()
+        model.eval()
+        with torch.no_grad():
+            acc_v = float((model(xv).argmax(-1) == yv).float().mean())
+            if acc_v > best[0]:
+                best = (acc_v, float((model(xs).argmax(-1) == ys).float().mean()))
+    return best
+
+
+def ngram_lm(train: Tensor, order: int, vocab: int, *evals: Tensor, k: float) -> list[float]:
+    """Mean NLL (nats) per predicted token of an add-k smoothed unigram (order 1) or bigram (order 2)
+    model of the TRAIN stream, on each stream of ``evals`` (predicting tokens[1:] from their past)."""
+    if order == 1:
+        logp = torch.log((torch.bincount(train, minlength=vocab).double() + k) / (train.numel() + k * vocab))
+        return [float(-logp[s[1:]].mean()) for s in evals]
+    pairs = torch.bincount(train[:-1] * vocab + train[1:], minlength=vocab * vocab).double()
+    context = torch.bincount(train[:-1], minlength=vocab).double()
+    out = []
+    for s in evals:
+        prev, nxt = s[:-1], s[1:]
+        p = (pairs[prev * vocab + nxt] + k) / (context[prev] + k * vocab)
+        out.append(float(-torch.log(p).mean()))
+    return out
+
+
+def _lm_baselines(splits) -> dict[str, dict[str, Any]]:
+    train, val, test = splits.train, splits.val, splits.test
+    vocab = train.vocab_size
+    streams = [_predicted_stream(d) for d in (val, test)]
+    out = {}
+    for order, name in ((1, "unigram"), (2, "bigram")):
+        ks = (1e-3, 1e-2, 1e-1, 1.0)
+        val_nll = [ngram_lm(train.tokens, order, vocab, streams[0], k=k)[0] for k in ks]
+        k = ks[min(range(len(ks)), key=val_nll.__getitem__)]
+        nll_v, nll_t = ngram_lm(train.tokens, order, vocab, *streams, k=k)
+        row: dict[str, Any] = {"what": f"{name} model of TRAIN, add-k smoothing, k = {k:g} selected on validation"}
+        for split, data, nll, stream in (("val", val, nll_v, streams[0]), ("test", test, nll_t, streams[1])):
+            nbytes = int(data.token_bytes[stream[1:]].sum())
+            row.update({f"{split}_loss": nll, f"{split}_ppl": math.exp(nll),
+                        f"{split}_bpb": nll * (stream.numel() - 1) / (math.log(2) * max(nbytes, 1))})
+        out[name] = row
+    return out
+
+
+def _predicted_stream(data) -> Tensor:
+    """The tokens the models' evaluation reads and predicts: the blocks' span ``tokens[: M·L + 1]``."""
+    blocks = data.blocks()
+    return data.tokens[: blocks.shape[0] * data.block_len + 1]
+
+
+def trivial_baselines(cfg: ExperimentConfig, *, seed: int | None = None) -> dict[str, dict[str, Any]]:
+    """The trivial baselines of ``cfg``'s data, on the splits its holdout runs use (see module doc)."""
+    t = dataclasses.replace(cfg.train, protocol="holdout", seed=cfg.train.seed if seed is None else seed)
+    splits = build_splits(dataclasses.replace(cfg, train=t))
+    family = cfg.data.family
+    if family == "rl":
+        from primal_attention.data.rl import normalized_score
+
+        score = normalized_score(splits.train.env, splits.train.meta["return_mean"])
+        return {"behaviour": {"what": "the dataset's own episodes (mean D4RL-normalised return)",
+                              "val_score": score, "test_score": score}}
+    if family == "lm":
+        return _lm_baselines(splits)
+    train, val, test = splits.train, splits.val, splits.test
+    maj_v, maj_t = majority_class(train.y, val.y, test.y)
+    out: dict[str, dict[str, Any]] = {
+        "majority": {"what": "TRAIN's most frequent class", "val_acc": maj_v, "test_acc": maj_t}}
+    feats, what = position_blind_features([train, val, test])
+    acc_v, acc_t = fit_mlp((feats[0], train.y), (feats[1], val.y), (feats[2], test.y), train.num_classes, seed=t.seed)
+    out["position_blind"] = {"what": f"MLP (256 hidden) on {what}; epoch selected on validation",
+                             "val_acc": acc_v, "test_acc": acc_t}
+    if family == "lra" and cfg.data.name == "listops":
+        look_v, look_t = first_token_lookup(train.x, train.y, (val.x, val.y), (test.x, test.y))
+        out["outermost_operator"] = {"what": "TRAIN's majority label of the first token (the outermost operator)",
+                                     "val_acc": look_v, "test_acc": look_t}
+    return out
