@@ -46,6 +46,25 @@ def cards() -> dict[str, dict]:
     return out
 
 
+BEHAVIOUR = ROOT / "docs" / "results" / "baselines" / "rl_behaviour.json"
+
+
+def write_behaviour_baseline(cs: dict[str, dict]) -> None:
+    """The trivial baseline of offline RL: the behaviour policy, i.e. the D4RL-normalised mean return of
+    each dataset's own episodes (from the collection cards), and its mean over the datasets the
+    comparison uses; kept in docs/results/baselines for the summary page."""
+    scores = {f"{env}-{name}": card["datasets"][name]["score_mean"] for env, card in cs.items()
+              for name in DATASETS if name in card["datasets"]}
+    if len(scores) != len(D4RL_SCORES) * len(DATASETS):
+        return
+    BEHAVIOUR.parent.mkdir(parents=True, exist_ok=True)
+    BEHAVIOUR.write_text(json.dumps({"source": "collection cards (primal data collect-rl, seed 0)", "per_dataset": scores,
+                                     "baselines": {"behaviour": {"what": "the datasets' own episodes (mean D4RL-normalised "
+                                                                         "return), averaged over the 9 datasets",
+                                                                 "test_score": [statistics.mean(scores.values())]}}},
+                                    indent=2) + "\n")
+
+
 def collected(env: str, dataset: str) -> bool:
     return (cache_dir("rl") / f"{env}-{dataset}-seed0.npz").is_file()
 
@@ -115,6 +134,7 @@ def write_page() -> None:
               "reports an average normalised score over the 9 datasets of 72.2 for DT and 77.5 for Primal.+DT.", "",
               "## Collected datasets", ""]
     cs = cards()
+    write_behaviour_baseline(cs)
     if not cs:
         lines.append("*(no collection card in this machine's cache)*")
     for env, card in cs.items():

@@ -18,6 +18,7 @@ import argparse
 import time
 from pathlib import Path
 
+from primal_attention.train.comparison import Entry, baselines_for, tuned_section, verdict
 from primal_attention.train.sweep import Sweep
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,6 +39,42 @@ COMPARISONS = {
 #: per-comparison overrides applied to every model and grid point alike (the UEA configs train 100
 #: epochs under the authors' protocol; the holdout protocol is forced by the sweep itself).
 OVERRIDES: dict[str, list[str]] = {"uea/JapaneseVowels": ["train.epochs=30"]}
+
+
+#: the model every other model of a comparison is measured against.
+REFERENCE = "Transformer"
+LABELS = {"transformer": REFERENCE, "vit": REFERENCE, "primalformer": "PrimalFormer", "primal+": "Primal.+Trans."}
+BASELINES = ROOT / "docs" / "results" / "baselines"
+FINAL_SEEDS = (0, 1, 2)
+
+
+def entries(comparison: str) -> list[Entry]:
+    """The models of ``comparison`` with their configs and sweep stores."""
+    out = []
+    for config in COMPARISONS[comparison]:
+        stem = config.split("/")[-1]
+        kind = stem.removesuffix("_cpu").rsplit("_", 1)[-1]
+        out.append(Entry(LABELS[kind], ROOT / "configs" / f"{config}.yaml", STORE / stem))
+    return out
+
+
+def baselines(comparison: str) -> dict:
+    """Trivial baselines of ``comparison`` on the final seeds' holdout splits (cached in docs/results/baselines)."""
+    first = ROOT / "configs" / f"{COMPARISONS[comparison][0]}.yaml"
+    return baselines_for(first, FINAL_SEEDS, BASELINES / f"{comparison.replace('/', '_')}.json",
+                         OVERRIDES.get(comparison, []))
+
+
+def section(comparison: str) -> list[str]:
+    """The tuned comparison as markdown lines for a results page."""
+    grid = ", ".join(f"`{k}` ∈ {{{', '.join(f'{v:g}' for v in vs)}}}" for k, vs in GRID.items())
+    extra = OVERRIDES.get(comparison)
+    return [f"Every model swept over {grid} on the same step budget, seed 0, selected on validation "
+            f"(`scripts/sweep_comparisons.py --only {comparison}`; `primal sweep`), then the chosen point trained with seeds "
+            f"{', '.join(map(str, FINAL_SEEDS))}" + (f"; every run with {', '.join(f'`{o}`' for o in extra)}" if extra else "")
+            + ". Test values: mean ± sample std over the final seeds, each seed's evaluation selected on validation; Δ: "
+            "Welch 95 % interval of the difference of means, *within noise* when it contains 0 (parity). Trivial baselines on "
+            "the same splits (seeds 0-2).", "", *tuned_section(entries(comparison), baselines(comparison), reference=REFERENCE)]
 
 
 def sweep_for(config: str, comparison: str) -> Sweep:

@@ -1,0 +1,203 @@
+"""Tuned comparisons for the results pages: each model's sweep (grid, choice on validation, final seeds),
+the trivial baselines on the same splits, and every model's difference from the reference model with
+its 95 % interval.
+
+The results scripts name their comparisons (which configs, which sweep stores) and call
+:func:`tuned_section` for a page and :func:`verdict` for the summary page; nothing here trains.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from primal_attention.train.stats import Difference, value_cell, welch_difference
+
+__all__ = ["Entry", "Outcome", "baselines_for", "outcome", "tuned_section", "verdict"]
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One model of a comparison: its label, config and sweep store (``primal sweep --store``)."""
+
+    label: str
+    config: Path
+    store: Path
+
+
+@dataclass
+class Outcome:
+    """What a model's sweep gave: the metric, the grid's validation values, the choice, and the final
+    seeds' val-selected / best / final test values and histories."""
+
+    entry: Entry
+    metric: str
+    maximize: bool
+    points: list[dict[str, Any]]
+    chosen: dict[str, Any] | None
+    test: list[float]
+    best_test: list[float]
+    final_test: list[float]
+    histories: list[list[dict[str, float]]]
+    grid_size: int
+
+
+def outcome(entry: Entry) -> Outcome | None:
+    """The stored state of ``entry``'s sweep, or None if it has not started."""
+    path = entry.store / "sweep.json"
+    if not path.is_file():
+        return None
+    rep = json.loads(path.read_text())
+    metric = rep["selection"]["metric"].removeprefix("val_")
+    finals = [json.loads(p.read_text()) for p in sorted((entry.store / "final").glob("seed_*.json"))]
+    grid_size = 1
+    for values in rep["grid"].values():
+        grid_size *= len(values)
+    take = lambda key: [float(f[key]) for f in finals if key in f]  # noqa: E731
+    return Outcome(entry, metric, rep["selection"]["maximize"], rep["points"], rep["chosen"], take(f"test_{metric}"),
+                   take(f"best_test_{metric}"), take(f"final_test_{metric}"), [f.get("history", []) for f in finals],
+                   grid_size)
+
+
+def baselines_for(config: Path, seeds: Sequence[int], cache: Path, overrides: Sequence[str] = ()) -> dict[str, Any]:
+    """Trivial baselines of ``config`` on the holdout splits of each seed (computed once, kept in ``cache``):
+    ``{name: {"what": ..., "val_<m>": [per seed], "test_<m>": [per seed]}}``."""
+    if cache.is_file():
+        stored = json.loads(cache.read_text())
+        if stored.get("seeds") == list(seeds) and stored.get("overrides") == list(overrides):
+            return stored["baselines"]
+    from primal_attention.train.config import load_config
+    from primal_attention.train.trivial import trivial_baselines
+
+    cfg = load_config(config, list(overrides))
+    merged: dict[str, Any] = {}
+    for seed in seeds:
+        for name, row in trivial_baselines(cfg, seed=seed).items():
+            slot = merged.setdefault(name, {"what": row["what"]})
+            for key, value in row.items():
+                if key != "what":
+                    slot.setdefault(key, []).append(value)
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    cache.write_text(json.dumps({"config": str(config), "seeds": list(seeds), "overrides": list(overrides),
+                                 "baselines": merged}, indent=2) + "\n")
+    return merged
+
+
+def _scale(metric: str) -> float:
+    return 100.0 if metric == "acc" else 1.0
+
+
+def _flattened(o: Outcome) -> str:
+    """Whether the selected validation curve had flattened: in how many final seeds the best validation
+    evaluation came before the last one."""
+    key = f"val_{o.metric}"
+    seen = [h for h in o.histories if h and key in h[-1]]
+    if not seen:
+        return "–"
+    better = (lambda a, b: a > b) if o.maximize else (lambda a, b: a < b)  # noqa: E731
+    early = 0
+    for h in seen:
+        best = 0
+        for i, row in enumerate(h):
+            if better(row[key], h[best][key]):
+                best = i
+        early += best < len(h) - 1
+    return f"{early}/{len(seen)} flat" if early == len(seen) else f"{len(seen) - early}/{len(seen)} still improving"
+
+
+def _grid_cell(o: Outcome) -> str:
+    key, s = f"val_{o.metric}", _scale(o.metric)
+    parts = []
+    for p in o.points:
+        value = ", ".join(f"{v:g}" for v in p["point"].values())
+        text = f"{value}: {s * p[key]:.1f}"
+        parts.append(f"**{text}**" if p["point"] == o.chosen else text)
+    left = o.grid_size - len(o.points)
+    return " · ".join(parts) + (f" ({left} left)" if left else "")
+
+
+def tuned_section(entries: Sequence[Entry], baselines: dict[str, Any], *, reference: str,
+                  swept: str = "optim.lr") -> list[str]:
+    """Markdown lines: one row per model (validation value of each grid point, the choice in bold; final
+    seeds' val-selected, best and final test; the difference from ``reference`` with its Welch 95 %
+    interval; whether the selected validation curve flattened), then the trivial baselines, then
+    flags for models not above the best trivial baseline."""
+    outcomes = {e.label: outcome(e) for e in entries}
+    known = [o for o in outcomes.values() if o is not None]
+    metric = known[0].metric if known else "acc"
+    s = _scale(metric)
+    ref = outcomes.get(reference)
+    lines = [f"| model | validation {metric} per {swept} (chosen in bold) | n | test (val-selected) | best test | "
+             f"final test | Δ vs {reference}, 95 % CI | selected curve |", "|---|---|---|---|---|---|---|---|"]
+    for e in entries:
+        o = outcomes[e.label]
+        if o is None:
+            lines.append(f"| {e.label} | not run yet | 0 | – | – | – | – | – |")
+            continue
+        diff = "–"
+        if e.label != reference and ref is not None and o.test and ref.test:
+            diff = welch_difference([s * v for v in o.test], [s * v for v in ref.test], maximize=o.maximize).cell()
+        lines.append(f"| {e.label} | {_grid_cell(o)} | {len(o.test)} | {value_cell([s * v for v in o.test], 1)} | "
+                     f"{value_cell([s * v for v in o.best_test], 1)} | {value_cell([s * v for v in o.final_test], 1)} | "
+                     f"{diff} | {_flattened(o)} |")
+    for name, row in baselines.items():
+        test = row.get(f"test_{metric}", [])
+        lines.append(f"| *trivial: {name}* ({row['what']}) | – | {len(test)} | {value_cell([s * v for v in test], 1)} "
+                     "| – | – | – | – |")
+    flags = below_baseline(entries, baselines)
+    if flags:
+        lines += ["", "**At or below a trivial baseline** (mean val-selected test within one std of, or under, the best "
+                      "trivial baseline): " + "; ".join(flags) + "."]
+    return lines
+
+
+def below_baseline(entries: Sequence[Entry], baselines: dict[str, Any]) -> list[str]:
+    """Models whose mean val-selected test is not clearly above the best trivial baseline."""
+    out = []
+    for e in entries:
+        o = outcome(e)
+        if o is None or not o.test:
+            continue
+        key = f"test_{o.metric}"
+        rows = [(statistics.mean(r[key]), name) for name, r in baselines.items() if r.get(key)]
+        if not rows:
+            continue
+        best, name = max(rows) if o.maximize else min(rows)
+        mean = statistics.mean(o.test)
+        spread = statistics.stdev(o.test) if len(o.test) > 1 else 0.0
+        beaten = mean - spread > best if o.maximize else mean + spread < best
+        if not beaten:
+            s = _scale(o.metric)
+            out.append(f"{e.label} ({s * mean:.1f} vs {name} {s * best:.1f})")
+    return out
+
+
+def verdict(entries: Sequence[Entry], baselines: dict[str, Any], *, reference: str) -> dict[str, Any]:
+    """The summary of a comparison for the verdict table: each non-reference model's difference from
+    ``reference`` and a word — "no signal on this budget" (no model clearly above the best trivial
+    baseline), else "reproduced" (better), "parity" (within noise) or "not reproduced" (worse);
+    "incomplete" until both sides have two or more final seeds."""
+    outcomes = {e.label: outcome(e) for e in entries}
+    ref = outcomes.get(reference)
+    flags = below_baseline(entries, baselines)
+    rows = {}
+    for e in entries:
+        o = outcomes[e.label]
+        if e.label == reference:
+            continue
+        if o is None or ref is None or len(o.test) < 2 or len(ref.test) < 2:
+            rows[e.label] = {"verdict": "incomplete", "difference": None}
+            continue
+        s = _scale(o.metric)
+        d: Difference = welch_difference([s * v for v in o.test], [s * v for v in ref.test], maximize=o.maximize)
+        if len(flags) == len([x for x in entries if outcomes[x.label] is not None]):
+            word = "no signal on this budget"
+        else:
+            word = {"better": "reproduced", "within noise": "parity", "worse": "not reproduced"}[d.verdict]
+        rows[e.label] = {"verdict": word, "difference": d.cell(), "mean": s * statistics.mean(o.test),
+                         "reference_mean": s * statistics.mean(ref.test)}
+    return {"models": rows, "below_baseline": flags}
