@@ -24,7 +24,7 @@ def cli(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_spectrum_cli_on_a_trained_run(tmp_path) -> None:
-    proc = cli("train", str(CONFIG), "--out", str(tmp_path / "run"), *SETS)
+    proc = cli("train", str(CONFIG), "--out", str(tmp_path / "run"), *SETS, "--set", "train.ksvd_distances_every=1")
     assert proc.returncode == 0, proc.stderr
     run = tmp_path / "run" / "seed_0"
     with (run / "history.csv").open() as fh:
@@ -32,6 +32,9 @@ def test_spectrum_cli_on_a_trained_run(tmp_path) -> None:
     for key in ("J_authors", "J_paper", "J_authors_rms", "lam_mean", "res_we", "res_wr", "res_we_scaled", "kkt_scale"):
         assert f"ksvd/encoder.blocks.1.attn.{key}" in row  # only the primal layer (layer 0 is softmax)
     assert not any(k.startswith("ksvd/encoder.blocks.0") for k in row)
+    # train.ksvd_distances_every: the distances to the exact KSVD solution beside them (docs/method.md §7).
+    assert 0.0 < float(row["ksvd_distance/encoder.blocks.1.attn.objective_ratio"]) < 1.0
+    assert not any(k.startswith("ksvd_distance/encoder.blocks.0") for k in row)
 
     proc = cli("spectrum", str(run), "--max-examples", "12", "--out", str(tmp_path / "spec"))
     assert proc.returncode == 0, proc.stderr
