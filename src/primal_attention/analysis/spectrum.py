@@ -417,15 +417,16 @@ def components_table(result: dict[str, Any]) -> str:
 
 def ksvd_table(distances: dict[str, dict[str, float]]) -> str:
     """A markdown table of :func:`primal_attention.ksvd.model_ksvd_distances`: per primal layer the
-    mean over samples and heads of the distances to the exact KSVD solution (docs/method.md §7)."""
+    mean over samples and heads of the distances to the exact KSVD solution (docs/method.md §7).
+    Where s_b equals rank K the target is the whole kernel and the span distances are trivially 0."""
     lines = [
-        "| layer | s_b | captured opt | captured learned | objective ratio | ∠E max / mean | ∠R max / mean "
+        "| layer | s_b | rank K | captured opt | captured learned | objective ratio | ∠E max / mean | ∠R max / mean "
         "| ∠W_e max / mean | J learned | J optimal | res_e scaled | res_r scaled |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, d in distances.items():
         lines.append(
-            f"| {name} | {d['solution_rank']:.1f} | {d['captured_optimal']:.3f} | {d['captured_learned']:.3f} | "
+            f"| {name} | {d['solution_rank']:.1f} | {d['kernel_rank']:.1f} | {d['captured_optimal']:.3f} | {d['captured_learned']:.3f} | "
             f"{d['objective_ratio']:.3f} | {d['angle_e_max']:.1f}° / {d['angle_e_mean']:.1f}° | "
             f"{d['angle_r_max']:.1f}° / {d['angle_r_mean']:.1f}° | {d['angle_we_max']:.1f}° / {d['angle_we_mean']:.1f}° | "
             f"{d['j_learned']:.3g} | {d['j_optimal']:.1e} | {d['res_e_scaled']:.3f} | {d['res_r_scaled']:.3f} |"
