@@ -163,6 +163,18 @@ def test_distances_of_a_random_layer_are_positive_and_handle_short_samples() -> 
         torch.testing.assert_close(getattr(dense, key), getattr(dist, key), atol=1e-8, rtol=0, equal_nan=True)
 
 
+def test_with_s_at_least_l_only_feature_space_distances_j_and_residuals_are_informative() -> None:
+    """docs/method.md §7: s ≥ L makes the target the whole kernel, which any full-rank E already spans."""
+    torch.manual_seed(2)
+    attn = pa.PrimalAttention(16, 2, rank=12, num_samples=10).double()  # d_h 8, s 12 > L 6
+    dist = ksvd_distances(attn, torch.randn(2, 6, 16, dtype=F64))
+    assert bool((dist.solution_rank == dist.kernel_rank).all()) and float(dist.kernel_rank.max()) == 6.0
+    assert float(dist.angle_e_max.max()) < 1e-6 and float(dist.angle_r_max.max()) < 1e-6
+    torch.testing.assert_close(dist.objective_ratio, torch.ones(2, 2, dtype=F64), atol=1e-10, rtol=0)
+    assert float(dist.angle_we_mean.min()) > 1.0 and float(dist.res_e_scaled.min()) > 0.1
+    assert float(dist.j_learned.abs().min()) > 1e-3
+
+
 def test_principal_angles_are_accurate_for_small_and_large_angles() -> None:
     e = torch.eye(4, dtype=F64)
     for t in (1e-9, 0.3, math.pi / 2):
