@@ -355,7 +355,7 @@ def principal_angles(a: Tensor, b: Tensor) -> Tensor:
 class KSVDDistances:
     """How far one primal layer is from the KSVD solution of its kernel, per sample and head.
 
-    Every field is a (B, H) float64 tensor, NaN where undefined (a sample without real tokens, a zero
+    Every field is a (B, H) float64 tensor on the CPU, NaN where undefined (a sample without real tokens, a zero
     score matrix). s_b = min(s, rank of sample b's kernels) singular pairs are the target.
 
     * ``solution_rank``: s_b; ``kernel_rank``: the numerical rank of K;
@@ -470,8 +470,8 @@ def ksvd_distances(
                 inner = qe.transpose(0, 1) @ kernel[h] @ qr
                 out["captured_learned"][b, h] = inner.square().sum() / energy[h].sum()
                 out["objective_ratio"][b, h] = torch.linalg.matrix_norm(inner, "nuc") / sv[h, :s_b].sum()
-    return KSVDDistances(**out, res_e=plain.res_e, res_r=plain.res_r, res_e_scaled=scaled.res_e,
-                         res_r_scaled=scaled.res_r)
+    return KSVDDistances(**out, res_e=plain.res_e.cpu(), res_r=plain.res_r.cpu(), res_e_scaled=scaled.res_e.cpu(),
+                         res_r_scaled=scaled.res_r.cpu())
 
 
 @torch.no_grad()
