@@ -71,7 +71,7 @@ def write_table() -> None:
                       *tuned.section(comparison), ""]
     lines += ["## Previous runs: shared lr, previous init", "",
               "One learning rate (1e-3) for every model, the input not scaled by √D and softmax probabilities undropped",
-              "(the authors scale and drop at 0.1; docs/method.md §7). Kept so the change is visible.", ""]
+              "(the authors scale and drop at 0.1; docs/method.md §8). Kept so the change is visible.", ""]
     for dataset in DATASETS:
         note = f" ({STAND_IN[dataset]})" if dataset in STAND_IN else ""
         lines += [f"### {dataset}{note}", "",

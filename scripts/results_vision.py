@@ -55,7 +55,7 @@ def write_table() -> None:
         "## Tuned comparison: per-model learning rate", "",
         *tuned.section("vision/fmnist"), "",
         "## Previous runs: shared lr", "",
-        "One learning rate (1e-3) for every model; the init is unchanged (docs/method.md §7). Kept so the change is visible.",
+        "One learning rate (1e-3) for every model; the init is unchanged (docs/method.md §8). Kept so the change is visible.",
         "",
         "| model | holdout test (val-selected) | best test (authors') | final-epoch test | best val | train time / run (s) |",
         "|---|---|---|---|---|---|",

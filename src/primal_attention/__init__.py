@@ -6,6 +6,7 @@ The public API is small::
     attn = PrimalAttention(embed_dim=64, num_heads=2, rank=20)
     y = attn(x, mask)                  # x (B, N, 64), mask (B, N) bool
     loss = task_loss + eta * ksvd_loss(model)
+    sol = layer_ksvd(attn, x, mask)    # the exact KSVD solution of its kernel (docs/method.md §7)
 """
 
 from primal_attention.layers import (
@@ -17,7 +18,7 @@ from primal_attention.layers import (
     build_attention,
     register_attention,
 )
-from primal_attention.ksvd import ksvd_loss, ksvd_objectives, primal_layers
+from primal_attention.ksvd import ksvd_distances, ksvd_loss, ksvd_objectives, layer_ksvd, primal_layers
 from primal_attention.models.classifier import ClassifierConfig, SequenceClassifier
 from primal_attention.models.decision import DecisionTransformer, DecisionTransformerConfig
 from primal_attention.models.lm import CausalLM, CausalLMConfig
@@ -46,8 +47,10 @@ __all__ = [
     "deit_small",
     "deit_tiny",
     "hybrid_pattern",
+    "ksvd_distances",
     "ksvd_loss",
     "ksvd_objectives",
+    "layer_ksvd",
     "primal_layers",
     "register_attention",
     "vit_cpu",

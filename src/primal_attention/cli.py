@@ -275,7 +275,8 @@ def _spectrum(args: argparse.Namespace) -> int:
     from primal_attention.analysis.spectrum import spectrum_command
 
     return spectrum_command(args.target, split=args.split, max_examples=args.max_examples, batch_size=args.batch_size,
-                            group_size=args.group_size, out=args.out, last=args.last, overrides=args.set)
+                            group_size=args.group_size, out=args.out, last=args.last, overrides=args.set,
+                            ksvd=args.ksvd)
 
 
 def _positive(text: str) -> int:
@@ -386,6 +387,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="output directory (default RUN_DIR/spectrum_<split>)")
     p.add_argument("--last", action="store_true", help="use the last weights even where a holdout-selected best exists")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a value of a config target")
+    p.add_argument("--ksvd", action="store_true",
+                   help="also each primal layer's distances to the exact KSVD solution of its kernel (docs/method.md §7)")
     p.set_defaults(func=_spectrum)
 
     from primal_attention.bench.cli import add_arguments as add_bench_arguments

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "uea" / "JapaneseVowels_primal+.yaml"
 TINY = ["data.max_examples=40", "model.dim=16", "model.num_heads=2", "model.ffn_dim=32",
         "model.attention_options.primal.rank=4", "train.batch_size=8", "train.eval_batch_size=32",
@@ -22,7 +24,7 @@ def cli(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_spectrum_cli_on_a_trained_run(tmp_path) -> None:
-    proc = cli("train", str(CONFIG), "--out", str(tmp_path / "run"), *SETS)
+    proc = cli("train", str(CONFIG), "--out", str(tmp_path / "run"), *SETS, "--set", "train.ksvd_distances_every=1")
     assert proc.returncode == 0, proc.stderr
     run = tmp_path / "run" / "seed_0"
     with (run / "history.csv").open() as fh:
@@ -30,6 +32,9 @@ def test_spectrum_cli_on_a_trained_run(tmp_path) -> None:
     for key in ("J_authors", "J_paper", "J_authors_rms", "lam_mean", "res_we", "res_wr", "res_we_scaled", "kkt_scale"):
         assert f"ksvd/encoder.blocks.1.attn.{key}" in row  # only the primal layer (layer 0 is softmax)
     assert not any(k.startswith("ksvd/encoder.blocks.0") for k in row)
+    # train.ksvd_distances_every: the distances to the exact KSVD solution beside them (docs/method.md §7).
+    assert 0.0 < float(row["ksvd_distance/encoder.blocks.1.attn.objective_ratio"]) < 1.0
+    assert not any(k.startswith("ksvd_distance/encoder.blocks.0") for k in row)
 
     proc = cli("spectrum", str(run), "--max-examples", "12", "--out", str(tmp_path / "spec"))
     assert proc.returncode == 0, proc.stderr
@@ -43,12 +48,22 @@ def test_spectrum_cli_on_a_trained_run(tmp_path) -> None:
     for f in ("cumulative_index.png", "cumulative_fraction.png", "heatmap.png", "components.png"):
         assert (tmp_path / "spec" / f).is_file()
 
-    # A ckpt-* directory gives the same analysis; the default output goes into the run.
+    # A ckpt-* directory gives the same analysis; the default output goes into the run. With --ksvd,
+    # also the distances of the primal layer to the exact KSVD solution of its kernel.
+    assert "ksvd_distances" not in result
     ckpt = sorted((run / "checkpoints").glob("ckpt-*"))[-1]
-    proc = cli("spectrum", str(ckpt), "--max-examples", "12")
+    proc = cli("spectrum", str(ckpt), "--max-examples", "12", "--ksvd")
     assert proc.returncode == 0, proc.stderr
     again = json.loads((run / "spectrum_test" / "spectrum.json").read_text())
     assert again["layers"] == result["layers"]
+    assert list(again["ksvd_distances"]) == ["encoder.blocks.1.attn"]
+    dist = again["ksvd_distances"]["encoder.blocks.1.attn"]
+    assert 0.0 < dist["objective_ratio"] < 1.0 and 0.0 < dist["captured_learned"] < dist["captured_optimal"] <= 1.0
+    assert 0.0 < dist["angle_e_max"] <= 90.0 and abs(dist["j_optimal"]) < 1e-9
+    assert dist["res_e_scaled"] == pytest.approx(
+        again["ksvd_diagnostics"]["encoder.blocks.1.attn.res_we_scaled"], rel=1e-9)
+    assert "Distances to the exact KSVD solution" in proc.stdout
+    assert "| encoder.blocks.1.attn | " in proc.stdout.split("Distances to the exact KSVD solution")[1]
 
     # A config is analysed untrained (its initialisation), with overrides.
     proc = cli("spectrum", str(CONFIG), *SETS, "--split", "train", "--max-examples", "8", "--out", str(tmp_path / "init"))

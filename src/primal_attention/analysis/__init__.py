@@ -2,7 +2,7 @@
 
 * :mod:`~primal_attention.analysis.capture`: record attention layer inputs, rebuild their matrices;
 * :mod:`~primal_attention.analysis.spectrum`: batched masked SVDs, streaming curve statistics,
-  plots, and ``primal spectrum``.
+  plots, and ``primal spectrum`` (with ``--ksvd``, the distances to the exact KSVD solution).
 
 J, Λ and the KSVD stationarity residuals live beside the loss, in :mod:`primal_attention.ksvd`.
 """
@@ -14,6 +14,7 @@ from primal_attention.analysis.spectrum import (
     components_for,
     components_table,
     cumulative_energy,
+    ksvd_table,
     masked_svdvals,
     spectrum_command,
     write_spectrum,
@@ -28,6 +29,7 @@ __all__ = [
     "components_for",
     "components_table",
     "cumulative_energy",
+    "ksvd_table",
     "layer_matrices",
     "masked_svdvals",
     "spectrum_command",

@@ -415,6 +415,25 @@ def components_table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def ksvd_table(distances: dict[str, dict[str, float]]) -> str:
+    """A markdown table of :func:`primal_attention.ksvd.model_ksvd_distances`: per primal layer the
+    mean over samples and heads of the distances to the exact KSVD solution (docs/method.md §7).
+    Where s_b equals rank K the target is the whole kernel and the span distances are trivially 0."""
+    lines = [
+        "| layer | s_b | rank K | captured opt | captured learned | objective ratio | ∠E max / mean | ∠R max / mean "
+        "| ∠W_e max / mean | J learned | J optimal | res_e scaled | res_r scaled |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, d in distances.items():
+        lines.append(
+            f"| {name} | {d['solution_rank']:.1f} | {d['kernel_rank']:.1f} | {d['captured_optimal']:.3f} | {d['captured_learned']:.3f} | "
+            f"{d['objective_ratio']:.3f} | {d['angle_e_max']:.1f}° / {d['angle_e_mean']:.1f}° | "
+            f"{d['angle_r_max']:.1f}° / {d['angle_r_mean']:.1f}° | {d['angle_we_max']:.1f}° / {d['angle_we_mean']:.1f}° | "
+            f"{d['j_learned']:.3g} | {d['j_optimal']:.1e} | {d['res_e_scaled']:.3f} | {d['res_r_scaled']:.3f} |"
+        )
+    return "\n".join(lines)
+
+
 # --------------------------------------------------------------------------------- `primal spectrum`
 
 
@@ -428,10 +447,15 @@ def spectrum_command(
     out: str | Path | None = None,
     last: bool = False,
     overrides: list[str] | None = None,
+    ksvd: bool = False,
 ) -> int:
     """``primal spectrum``: analyse ``split`` of the target, print the KSVD diagnostics and the
     component table, write JSON + PNGs (default: RUN_DIR/spectrum_<split>, or
-    runs/<name>/spectrum_<split>_init for a config). Returns the exit code."""
+    runs/<name>/spectrum_<split>_init for a config). Returns the exit code.
+
+    With ``ksvd``, also the distances of every primal layer to the exact KSVD solution of its kernel
+    (:func:`primal_attention.ksvd.model_ksvd_distances`, on the same batch as the diagnostics): under
+    ``"ksvd_distances"`` in spectrum.json and as a table on stdout."""
     from primal_attention.data.base import DataError
     from primal_attention.ksvd.diagnostics import ksvd_diagnostics
     from primal_attention.train.checkpoint import CheckpointError
@@ -454,6 +478,10 @@ def spectrum_command(
     result.update(source=str(t.source), checkpoint=None if t.checkpoint is None else str(t.checkpoint),
                   weights=t.weights, split=split, name=t.cfg.name, ksvd_diagnostics=diagnostics,
                   ksvd_diagnostics_batch=f"first {len(first)} training examples")
+    if ksvd:
+        from primal_attention.ksvd.dual import model_ksvd_distances
+
+        result["ksvd_distances"] = model_ksvd_distances(t.model, t.splits.train.batch(first).to(t.device))
     if out is None:
         base = Path("runs") / t.cfg.name if t.checkpoint is None else t.checkpoint.parent.parent
         out = base / (f"spectrum_{split}" + ("_init" if t.checkpoint is None else ""))
@@ -465,5 +493,9 @@ def spectrum_command(
         for key, value in diagnostics.items():
             print(f"  {key:44s} {value: .4e}")
     print(components_table(result))
+    if ksvd:
+        print(f"Distances to the exact KSVD solution ({result['ksvd_diagnostics_batch']}, eval mode; "
+              "angles between learned and optimal spans, docs/method.md §7):")
+        print(ksvd_table(result["ksvd_distances"]) if result["ksvd_distances"] else "  (no primal layers)")
     print("wrote", ", ".join(str(f) for f in files))
     return 0

@@ -2,13 +2,44 @@
 
 * :mod:`~primal_attention.ksvd.loss`: :func:`ksvd_loss` (consumes every recorded primal forward),
   :func:`ksvd_objectives` (latest forward per layer), :func:`primal_layers`;
-* :mod:`~primal_attention.ksvd.diagnostics`: J, Λ and the stationarity (KKT) residuals.
+* :mod:`~primal_attention.ksvd.diagnostics`: J, Λ and the stationarity (KKT) residuals;
+* :mod:`~primal_attention.ksvd.dual`: the exact KSVD solution of a layer's kernel (:func:`layer_ksvd`)
+  and a layer's distances to it (:func:`ksvd_distances`), docs/method.md §7.
 
 The objective of one forward is :func:`primal_attention.functional.ksvd_objective` (fast) or
 :func:`primal_attention.reference.ksvd_objective` (reference), docs/method.md §4.
 """
 
 from primal_attention.ksvd.diagnostics import KKTResiduals, ksvd_diagnostics, stationarity_residuals
+from primal_attention.ksvd.dual import (
+    KSVDDistances,
+    KSVDSolution,
+    dual_output,
+    ksvd_distances,
+    layer_ksvd,
+    model_ksvd_distances,
+    paper_objective,
+    principal_angles,
+    solution_state,
+    solve_ksvd,
+)
 from primal_attention.ksvd.loss import ksvd_loss, ksvd_objectives, primal_layers
 
-__all__ = ["KKTResiduals", "ksvd_diagnostics", "ksvd_loss", "ksvd_objectives", "primal_layers", "stationarity_residuals"]
+__all__ = [
+    "KKTResiduals",
+    "KSVDDistances",
+    "KSVDSolution",
+    "dual_output",
+    "ksvd_diagnostics",
+    "ksvd_distances",
+    "ksvd_loss",
+    "ksvd_objectives",
+    "layer_ksvd",
+    "model_ksvd_distances",
+    "paper_objective",
+    "primal_layers",
+    "principal_angles",
+    "solution_state",
+    "solve_ksvd",
+    "stationarity_residuals",
+]

@@ -150,6 +150,9 @@ class TrainConfig:
     #: weighs 1 / (targets per batch) of what it weighs under "mean".
     ksvd_weighting: str = "mean"
     ksvd_form: str = "authors"
+    #: every k-th evaluation (0: never) also log each primal layer's distances to the exact KSVD
+    #: solution of its kernel (docs/method.md §7) on the diagnostics batch, as ksvd_distance/* columns.
+    ksvd_distances_every: int = 0
     protocol: str = "authors"
     #: holdout protocol: also evaluate TEST at every evaluation, so a run reports the authors'
     #: best-on-test figure beside the validation-selected one (selection still uses validation only).
@@ -201,6 +204,7 @@ class ExperimentConfig:
             (self.data.family != "rl" or (self.data.seq_len or 0) > 0,
              "data.seq_len (the context K in steps) must be a positive integer for data.family rl"),
             (self.train.ksvd_form in ("authors", "paper"), "train.ksvd_form must be authors or paper"),
+            (self.train.ksvd_distances_every >= 0, "train.ksvd_distances_every must be >= 0"),
             (self.train.protocol in ("authors", "holdout"), "train.protocol must be authors or holdout"),
         ]
         for ok, message in checks:

@@ -300,6 +300,12 @@ class Trainer:
         """Evaluate, append to the history, keep the best row (and, holdout, its weights), log."""
         t = self.cfg.train
         row = self._evaluate(loop.model, loop.splits, loop.step, loop.steps_per_epoch, loop.last)
+        if t.ksvd_distances_every and len(loop.history) % t.ksvd_distances_every == 0 and primal_layers(loop.model):
+            from primal_attention.ksvd.dual import model_ksvd_distances  # docs/method.md §7
+
+            fixed = _first_batch(loop.splits.train, t.eval_batch_size, self.device)
+            row.update({f"ksvd_distance/{name}.{k}": v for name, d in model_ksvd_distances(loop.model, fixed).items()
+                        for k, v in d.items()})
         loop.history.append(row)
         selector = f"{'val' if t.protocol == 'holdout' else 'test'}_{loop.task.select}"
         if loop.best is None or loop.task.better(row[selector], loop.best[selector]):
