@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -67,3 +72,29 @@ def test_bad_trainer_options(tmp_path):
         hf.PrimalTrainer(model=tiny_gpt2(), args=arguments(tmp_path), ksvd_eta=-1.0)
     with pytest.raises(ValueError, match="ksvd_reduction"):
         hf.PrimalTrainer(model=tiny_gpt2(), args=arguments(tmp_path), ksvd_eta=0.1, ksvd_reduction="mean")
+
+
+def test_ddp_find_unused_parameters_true_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="ddp_find_unused_parameters=True"):
+        hf.PrimalTrainer(model=tiny_gpt2(), args=arguments(tmp_path, ddp_find_unused_parameters=True), ksvd_eta=0.1)
+
+
+@pytest.mark.slow
+def test_ddp_two_gloo_processes_equal_one(tmp_path):
+    """torchrun --nproc_per_node 2 (gloo, 2 rows each) takes the same step as one process on the 4 rows."""
+    script = Path(__file__).with_name("ddp_train.py")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    one, two = tmp_path / "one", tmp_path / "two"
+    one.mkdir(), two.mkdir()
+    single = subprocess.run([sys.executable, str(script), str(one), "4"], capture_output=True, text=True, env=env,
+                            timeout=300)
+    assert single.returncode == 0, single.stderr[-3000:]
+    ddp = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+                          "29541", str(script), str(two), "2"], capture_output=True, text=True, env=env, timeout=300)
+    assert ddp.returncode == 0, ddp.stderr[-3000:]
+    assert (one / "world_size").read_text() == "1" and (two / "world_size").read_text() == "2"
+    a, b = torch.load(one / "weights.pt"), torch.load(two / "weights.pt")
+    for k in a["final"]:
+        torch.testing.assert_close(a["final"][k], b["final"][k], rtol=1e-5, atol=1e-6, msg=k)
+    lam = [k for k in a["final"] if k.endswith("primal.lam")]
+    assert lam and all(not torch.equal(a["initial"][k], a["final"][k]) for k in lam)  # Λ learns from the KSVD term

@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
-from transformers import Trainer
+from transformers import Trainer, TrainingArguments
 
 from primal_attention.ksvd.loss import ksvd_loss
 
@@ -24,20 +24,32 @@ class PrimalTrainer(Trainer):
     the gradient all-reduce averages. Evaluation losses are the task loss alone. The mean KSVD term
     since the previous log is logged as ``ksvd_loss``.
 
+    DDP: Λ enters only the KSVD term, not the model's output, so DDP's ``find_unused_parameters``
+    (HF's default for a PreTrainedModel) would mark it unused in the forward and then see its
+    gradient arrive from the KSVD term ("marked as ready twice"). With ``ksvd_eta > 0`` the trainer
+    therefore sets ``args.ddp_find_unused_parameters = False`` (in place) and refuses ``True``.
+
     Args:
         ksvd_eta: η ≥ 0 (0 turns the term off). ksvd_reduction: "batch" or "sample";
             ksvd_form: "authors" or "paper" (docs/method.md §4). Other arguments: the Trainer's.
     """
 
-    def __init__(self, *args: Any, ksvd_eta: float = 0.0, ksvd_reduction: str = "batch",
-                 ksvd_form: str = "authors", **kwargs: Any) -> None:
+    def __init__(self, model: nn.Module | None = None, args: TrainingArguments | None = None, *more: Any,
+                 ksvd_eta: float = 0.0, ksvd_reduction: str = "batch", ksvd_form: str = "authors",
+                 **kwargs: Any) -> None:
         if not ksvd_eta >= 0.0:
             raise ValueError(f"PrimalTrainer: ksvd_eta must be >= 0, got {ksvd_eta}")
         if ksvd_reduction not in REDUCTIONS:
             raise ValueError(f"PrimalTrainer: ksvd_reduction must be one of {REDUCTIONS}, got {ksvd_reduction!r}")
         if ksvd_form not in FORMS:
             raise ValueError(f"PrimalTrainer: ksvd_form must be one of {FORMS}, got {ksvd_form!r}")
-        super().__init__(*args, **kwargs)
+        if ksvd_eta > 0.0:
+            args = args if args is not None else TrainingArguments(output_dir="trainer_output")
+            if args.ddp_find_unused_parameters:
+                raise ValueError("PrimalTrainer: ddp_find_unused_parameters=True cannot be used with ksvd_eta > 0 "
+                                 "(Λ is used only by the KSVD term; DDP would mark it unused, then ready twice)")
+            args.ddp_find_unused_parameters = False
+        super().__init__(model, args, *more, **kwargs)
         self.ksvd_eta = float(ksvd_eta)
         self.ksvd_reduction = ksvd_reduction
         self.ksvd_form = ksvd_form
