@@ -453,6 +453,11 @@ def test_packed_sequence_mask_is_refused():
         model(tokens(1, 6), attention_mask=block)
 
 
+def test_meta_masks_are_not_read():
+    """Meta tensors (shape tracing, scripts/hf_decode_memory.py) carry no mask values."""
+    assert hf.padding_mask(torch.ones(1, 1, 4, 4, dtype=torch.bool, device="meta"), 4, causal=True) is None
+
+
 def test_static_cache_is_refused_with_a_clear_error():
     model = build("gpt2", layers=[-1])
     with pytest.raises(TypeError, match="DynamicCache"):

@@ -34,6 +34,8 @@ def padding_mask(attention_mask: Any, query_length: int, *, causal: bool) -> Ten
     if not isinstance(attention_mask, Tensor):
         raise TypeError(f"primal layer: expected the attention mask as a tensor, got {type(attention_mask).__name__}; "
                         "use attn_implementation='sdpa' or 'eager'")
+    if attention_mask.is_meta:
+        return None  # meta tensors (shape tracing, memory estimates) carry no values to read a mask from
     if attention_mask.dim() == 2:
         keys = attention_mask.bool()
     elif attention_mask.dim() == 4:
