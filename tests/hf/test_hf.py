@@ -115,8 +115,7 @@ def test_primalize_replaces_chosen_layers_with_config_settings(name):
     dropout = {"gpt2": "attn_pdrop", "llama": "attention_dropout", "qwen2": "attention_dropout"}.get(
         name, "attention_probs_dropout_prob")
     assert primal.dropout == getattr(model.config, dropout)
-    if not primal.causal:
-        assert primal.sampling == "valid"
+    assert primal.sampling == "valid"
     assert model.config.primal_attention == [{"layers": [1], "options": RANK}]
     # the other layer keeps HF's softmax attention
     family = hf.FAMILIES[name]
@@ -216,6 +215,19 @@ def test_forward_backward_with_ksvd_loss(name):
             assert p.grad is not None and torch.isfinite(p.grad).all() and p.grad.abs().sum() > 0
     with pytest.raises(RuntimeError, match="no primal forward"):
         pa.ksvd_loss(model)  # consumed
+
+
+def test_activation_checkpointing_gives_the_same_gradients():
+    grads = []
+    for checkpointing in (False, True):
+        model = build("gpt2", double=True, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0).train()
+        if checkpointing:
+            model.activation_checkpointing_enable()
+        ids = tokens(2, 9)
+        (model(ids, labels=ids).loss + 0.5 * pa.ksvd_loss(model)).backward()
+        grads.append({k: p.grad for k, p in model.named_parameters()})
+    for k in grads[0]:
+        torch.testing.assert_close(grads[1][k], grads[0][k], msg=k)
 
 
 # --- masks: causality and padding ---------------------------------------------------------------
@@ -431,6 +443,9 @@ def test_output_attentions_raises(name):
     model.config.output_attentions = True
     with pytest.raises(ValueError, match="no N×N attention matrix"):
         model(**inputs)
+    model.config.output_attentions = False
+    hidden = model(**inputs, output_hidden_states=True).hidden_states
+    assert len(hidden) == 3  # embeddings + 2 layers: other outputs HF records still work
 
 
 def test_unsupported_configurations():

@@ -15,6 +15,8 @@ the mask and position code of every supported model.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
 from transformers.cache_utils import Cache, CacheLayerMixin, DynamicLayer, EncoderDecoderCache
@@ -79,7 +81,7 @@ class PrimalCacheLayer(CacheLayerMixin):
         self.seen_tokens = 0
         self.is_initialized = False
 
-    def _map(self, fn) -> None:  # noqa: ANN001 - a Tensor -> Tensor function
+    def _map(self, fn: Callable[[Tensor], Tensor]) -> None:
         if self.state is not None:
             self.state = PrimalState(fn(self.state.total), fn(self.state.count))
 

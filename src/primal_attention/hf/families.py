@@ -134,7 +134,7 @@ class GPT2Family(Family):
     def settings(self, config: PretrainedConfig, attention: nn.Module, layer: int) -> LayerSettings:
         dim, heads = _heads(config)
         return LayerSettings(dim, heads, causal=True, resid_dropout=float(config.resid_pdrop),
-                             defaults={"dropout": float(config.attn_pdrop), "bias": True})
+                             defaults={"dropout": float(config.attn_pdrop), "bias": True, "sampling": "valid"})
 
     def projections(self, attention: nn.Module, config: PretrainedConfig) -> Projections:
         dim = attention.embed_dim
@@ -150,7 +150,7 @@ class _RotaryDecoderFamily(Family):
         dim, heads = _heads(config)
         return LayerSettings(dim, heads, causal=True, rotary=_rotary(self.module),
                              defaults={"dropout": float(config.attention_dropout),
-                                       "bias": attention.q_proj.bias is not None})
+                                       "bias": attention.q_proj.bias is not None, "sampling": "valid"})
 
     def projections(self, attention: nn.Module, config: PretrainedConfig) -> Projections:
         groups = config.num_attention_heads // config.num_key_value_heads

@@ -84,9 +84,9 @@ def primalize(
         primal_options: :class:`~primal_attention.PrimalAttention` keyword options (``rank``,
             ``rank_multi``, ``num_samples``, ``sampling``, ``positive_lambda``, ``impl``, ``bias``,
             ``dropout``, ``max_seq_len``). Width, heads and causality come from the config; decoders get
-            the causal family. Defaults from the config: dropout (the attention dropout), bias (the
-            query projection's), and for encoders ``sampling="valid"`` (padding never enters the
-            sampled tokens) and ``max_seq_len``.
+            the causal family. Defaults: dropout (the config's attention dropout), bias (the query
+            projection's), ``sampling="valid"`` (padding never enters the sampled tokens of encoders
+            nor the KSVD terms) and, for encoders, ``max_seq_len`` from the config.
 
     Returns:
         the same model, with ``model.config.primal_attention`` recording the call (saved by
