@@ -34,9 +34,9 @@ def dataset(n: int = 8, length: int = 12) -> list[dict[str, torch.Tensor]]:
 
 
 def arguments(tmp_path, **kw) -> TrainingArguments:
-    return TrainingArguments(output_dir=str(tmp_path), max_steps=3, per_device_train_batch_size=2, logging_steps=1,
-                             learning_rate=1e-2, report_to=[], use_cpu=True, save_strategy="no", disable_tqdm=True,
-                             dataloader_num_workers=0, **kw)
+    settings = {"max_steps": 3, "per_device_train_batch_size": 2, "learning_rate": 1e-2, **kw}
+    return TrainingArguments(output_dir=str(tmp_path), logging_steps=1, report_to=[], use_cpu=True, save_strategy="no",
+                             disable_tqdm=True, dataloader_num_workers=0, **settings)
 
 
 def test_compute_loss_is_task_loss_plus_eta_ksvd(tmp_path):
@@ -98,3 +98,23 @@ def test_ddp_two_gloo_processes_equal_one(tmp_path):
         torch.testing.assert_close(a["final"][k], b["final"][k], rtol=1e-5, atol=1e-6, msg=k)
     lam = [k for k in a["final"] if k.endswith("primal.lam")]
     assert lam and all(not torch.equal(a["initial"][k], a["final"][k]) for k in lam)  # Λ learns from the KSVD term
+
+
+def _one_step(tmp_path, per_device: int, accumulation: int) -> dict[str, torch.Tensor]:
+    model = tiny_gpt2()
+    args = arguments(tmp_path, max_steps=1, per_device_train_batch_size=per_device,
+                     gradient_accumulation_steps=accumulation, optim="sgd", learning_rate=0.05)
+    trainer = hf.PrimalTrainer(model=model, args=args, train_dataset=dataset(2), ksvd_eta=0.5,
+                               ksvd_reduction="sample")
+    trainer.train()
+    return {k: v.detach().clone() for k, v in model.named_parameters()}
+
+
+def test_gradient_accumulation_scales_the_ksvd_term_like_the_task_loss(tmp_path):
+    """Two micro-batches of one row accumulate to the step of one batch of both rows, Λ included."""
+    whole = _one_step(tmp_path / "whole", per_device=2, accumulation=1)
+    accumulated = _one_step(tmp_path / "accumulated", per_device=1, accumulation=2)
+    lam = [k for k in whole if k.endswith("primal.lam")]
+    assert lam
+    for k in whole:
+        torch.testing.assert_close(accumulated[k], whole[k], rtol=1e-5, atol=1e-6, msg=k)
