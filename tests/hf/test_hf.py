@@ -217,6 +217,23 @@ def test_forward_backward_with_ksvd_loss(name):
         pa.ksvd_loss(model)  # consumed
 
 
+def test_bfloat16_autocast_trains_and_generates():
+    torch.manual_seed(0)
+    model = hf.primalize(llama(), layers="all", **RANK).train()
+    ids = tokens(2, 9)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = model(ids, labels=ids)
+        loss = out.loss + 0.1 * pa.ksvd_loss(model)
+    loss.backward()
+    assert out.logits.dtype == torch.bfloat16 and torch.isfinite(loss)
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+    model.eval()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = model(ids, use_cache=True)
+    state = out.cache.layers[0].state
+    assert state.total.dtype == torch.float32  # the running sums stay float32 under autocast
+
+
 def test_activation_checkpointing_gives_the_same_gradients():
     grads = []
     for checkpointing in (False, True):
