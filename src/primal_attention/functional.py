@@ -24,6 +24,7 @@ passes over memory (docs/method.md §4, efficiency note):
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import torch
@@ -300,6 +301,7 @@ def primal_attention(
     training: bool = False,
     fold_out: bool | None = None,
     chunk_rows: int | None = None,
+    qk_transform: Callable[[Tensor], Tensor] | None = None,
 ) -> tuple[Tensor, PrimalCache]:
     """Fast Primal-Attention forward; same arguments and output as the reference.
 
@@ -308,7 +310,9 @@ def primal_attention(
             (before out_proj); when it is active the output projection cannot be folded and a
             per-head path is taken. fold_out: fold out_proj into the per-sample map (None: when
             N ≥ 16·D, where it measured faster). chunk_rows: rows per chunk of the folded path
-            (default :data:`CHUNK_ROWS`).
+            (default :data:`CHUNK_ROWS`). qk_transform: maps the projections ``[q | k]``
+            (B, N, 2D) to a tensor of the same shape, token by token, before the (causal prefix
+            mean and the) feature map, e.g. a rotary position embedding; None: identity.
 
     Returns:
         out (B, N, D) and the :class:`PrimalCache` for the KSVD objective.
@@ -339,9 +343,11 @@ def primal_attention(
     fold_out = fold_out and not (training and dropout_p > 0.0)
     if fold_out:
         return _folded(x, weights, proj, qk_weight, qk_bias, heads=heads, causal=causal, real=real,
-                       token_weight=token_weight, chunk_rows=chunk_rows or CHUNK_ROWS)
+                       token_weight=token_weight, chunk_rows=chunk_rows or CHUNK_ROWS, qk_transform=qk_transform)
 
     qk = F.linear(x, qk_weight, qk_bias)  # (B, N, 2D)
+    if qk_transform is not None:
+        qk = qk_transform(qk)
     if causal:
         qk = _causal_prefix_mean(qk, real)
     features = F.normalize(qk.view(batch, seq_len, 2 * heads, d), p=2.0, dim=-1, eps=_norm_eps(qk.dtype))
@@ -373,6 +379,7 @@ def _folded(
     real: Tensor | None,
     token_weight: Tensor | None,
     chunk_rows: int,
+    qk_transform: Callable[[Tensor], Tensor] | None = None,
 ) -> tuple[Tensor, PrimalCache]:
     dim = x.shape[-1]
     d = dim // heads
@@ -382,8 +389,14 @@ def _folded(
         cbias = torch.einsum("e,ohe->o", weights.mix_bias, weights.out_weight.view(dim, heads, d))
     obias = weights.out_bias
     wqk, bqk, inp = qk_weight, qk_bias, x
-    if causal:
-        inp = _causal_prefix_mean(F.linear(x, qk_weight, qk_bias), real)
+    if causal or qk_transform is not None:
+        # The projection leaves the fused row loop: the prefix mean or the transform sits between
+        # it and the feature map.
+        inp = F.linear(x, qk_weight, qk_bias)
+        if qk_transform is not None:
+            inp = qk_transform(inp).contiguous()
+        if causal:
+            inp = _causal_prefix_mean(inp, real)
         wqk = bqk = None
     dtype = _autocast_dtype(x.device.type)
     if dtype is not None:
