@@ -32,6 +32,7 @@ from primal_attention.data.base import Batch, SequenceData
 from primal_attention.ksvd import ksvd_diagnostics, ksvd_loss, ksvd_objectives, primal_layers
 from primal_attention.train.checkpoint import (
     CheckpointError,
+    checkpoint_config,
     fit_weights,
     latest_checkpoint,
     load_checkpoint,
@@ -72,6 +73,34 @@ def config_changes(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -
         elif a != b:
             out.append(key)
     return out
+
+
+#: data keys the model is sized from directly (the rest of ``data`` sizes it through the data, and
+#: other data gives weights of other shapes, which loading them already refuses).
+MODEL_DATA_KEYS = ("data.family", "data.seq_len", "data.options.vocab_size", "data.options.image_size",
+                   "data.options.max_ep_len")
+
+
+def _lookup(tree: dict[str, Any], key: str) -> Any:
+    for part in key.split("."):
+        tree = tree.get(part) if isinstance(tree, dict) else None
+    return tree
+
+
+def check_trained_config(ckpt: Path, cfg: ExperimentConfig, source: Path) -> None:
+    """CheckpointError unless ``cfg`` (read from ``source``) builds the model the checkpoint ``ckpt``
+    was trained with: every ``model.*`` key and :data:`MODEL_DATA_KEYS` must equal the config the
+    checkpoint recorded. A change such as ``model.activation`` keeps every weight's shape, so
+    loading the weights alone would not notice it. Checkpoints that recorded no config pass."""
+    trained = checkpoint_config(ckpt)
+    if trained is None:
+        return
+    current = json.loads(json.dumps(config_to_dict(cfg)))  # the JSON form the checkpoint holds
+    changed = [k for k in config_changes(trained, current) if k.startswith("model.") or k in MODEL_DATA_KEYS]
+    if changed:
+        diffs = ", ".join(f"{k} ({_lookup(trained, k)!r} there, {_lookup(current, k)!r} in {source.name})" for k in changed)
+        raise CheckpointError(f"{ckpt} was trained with another model than {source} describes: {diffs}; "
+                              f"restore {source.name} to the config the run was trained with")
 
 
 def check_resumable(stored: ExperimentConfig, cfg: ExperimentConfig, run_dir: Path) -> None:
@@ -255,6 +284,7 @@ class Trainer:
             if found is None:
                 return
             weights, state, loop.best_weights = load_checkpoint(found)
+            check_trained_config(found, self.cfg, self.out / "config.yaml")
             fit_weights(loop.model, weights, found / "model.safetensors")
         except CheckpointError as err:
             raise CheckpointError(f"cannot resume: {err}. Delete {ckpt_dir} to start this run afresh") from err
@@ -324,7 +354,7 @@ class Trainer:
             "wall_time": wall,
         }
         save_checkpoint(self.out / "checkpoints", loop.step, loop.model, state, loop.best_weights,
-                        keep=self.cfg.train.keep_checkpoints)
+                        keep=self.cfg.train.keep_checkpoints, config=config_to_dict(self.cfg))
 
     def _evaluate(self, model: nn.Module, splits, step: int, steps_per_epoch: int, last: dict[str, float]) -> dict[str, Any]:
         t = self.cfg.train
@@ -353,7 +383,11 @@ class Trainer:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError:  # tensorboard is an optional extra
             return None
-        return SummaryWriter(str(self.out / "tensorboard"), purge_step=step or None)
+        try:
+            return SummaryWriter(str(self.out / "tensorboard"), purge_step=step or None)
+        except OSError as err:  # it writes its first event file at once: a full disk shows here
+            raise RunError(f"cannot write TensorBoard events to {self.out / 'tensorboard'} "
+                           f"({err.strerror or err}); the checkpoints are untouched") from err
 
     def _log(self, writer, history: list[dict[str, Any]]) -> None:
         """Rewrite history.csv from the loop state (so a resumed run never duplicates rows)."""
