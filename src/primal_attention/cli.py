@@ -65,23 +65,56 @@ def _seeds(text: str) -> list[int]:
     return seeds
 
 
+def _resume_command(args: argparse.Namespace, out: Path) -> str:
+    """The command that continues this ``primal train``: the same config, overrides, seeds and --out."""
+    import shlex
+
+    argv = ["primal", "train", args.config, "--out", str(out)]
+    for assignment in args.set:
+        argv += ["--set", assignment]
+    if args.seeds:
+        argv += ["--seeds", ",".join(map(str, args.seeds))]
+    return shlex.join([*argv, "--resume"])
+
+
+#: exit codes of a stopped ``primal train``: 128 + the signal number, the shell's convention.
+EXIT_SIGINT, EXIT_SIGTERM = 130, 143
+
+
 def _train(args: argparse.Namespace) -> int:
+    import signal
+
     from primal_attention.data.base import DataError
     from primal_attention.train.checkpoint import CheckpointError
     from primal_attention.train.config import ConfigError, load_config
     from primal_attention.train.trainer import Interrupted, RunError, run_seeds
 
+    terminated = []
+
+    def on_sigterm(signum, frame) -> None:
+        # Stop as Ctrl-C does (the trainer turns it into Interrupted; checkpoints are written atomically);
+        # a second SIGTERM while stopping is ignored so the clean-up finishes.
+        if not terminated:
+            terminated.append(signum)
+            raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, on_sigterm)
+    out = None
     try:
         cfg = load_config(args.config, args.set)
         out = Path(args.out) if args.out else Path("runs") / cfg.name
         summary = run_seeds(cfg, out, args.seeds or [cfg.train.seed], resume=args.resume, overwrite=args.overwrite)
-    except Interrupted as stop:
-        print(f"primal train: {stop}; continue with --resume (primal train {args.config} --out {out} --resume)",
-              file=sys.stderr)
-        return 130
+    except (Interrupted, KeyboardInterrupt) as stop:
+        what = "terminated by SIGTERM" if terminated else "interrupted"
+        where = f" at epoch {stop.epoch:.2f}, step {stop.step}" if isinstance(stop, Interrupted) else ""
+        then = f"; continue with --resume: {_resume_command(args, out)}" if out is not None else ""
+        print(f"primal train: {what}{where}{then}", file=sys.stderr)
+        return EXIT_SIGTERM if terminated else EXIT_SIGINT
     except (CheckpointError, ConfigError, DataError, RunError) as err:
         print(f"primal train: error: {err}", file=sys.stderr)
         return 2
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     if int(__import__("os").environ.get("RANK", "0")) == 0:
         keys = [k for k in ("best_test_acc", "final_test_acc", "test_acc", "best_val_acc", "wall_time_s") if k in summary]
         print(f"{cfg.name} ({summary['protocol']} protocol, seeds {summary['seeds']}) -> {out}")

@@ -249,3 +249,63 @@ def test_a_failing_tensorboard_writer_on_resume_is_one_line(tmp_path, monkeypatc
     with pytest.raises(RunError, match=r"cannot write TensorBoard events to .*tensorboard \(No space left on device\); "
                                        r"the checkpoints are untouched"):
         run_seeds(cfg, tmp_path / "out", [0], resume=True)
+
+
+def _start_training(out: Path, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "primal_attention.cli", "train", str(CONFIG), "--out", str(out),
+                             *sets(*extra)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 300) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline and not path.is_file() and proc.poll() is None:
+        time.sleep(0.01)
+    assert path.is_file(), proc.communicate()[1] if proc.poll() is not None else f"no {path}"
+
+
+def test_a_second_training_into_the_same_out_stops_at_once(tmp_path) -> None:
+    from primal_attention.train.trainer import run_lock
+
+    out = tmp_path / "out"
+    first = _start_training(out, "train.epochs=500")
+    _wait_for(out / "seed_0" / "config.yaml", first)
+    second = cli("train", str(CONFIG), "--out", str(out), "--overwrite", *sets("train.epochs=1", "train.eta=0.5"))
+    assert first.poll() is None, "the first run ended before the second one started"
+    assert second.returncode == 2 and "Traceback" not in second.stderr
+    assert f"is in use by another primal train (pid {first.pid})" in second.stderr
+    assert "eta: 0.5" not in (out / "seed_0" / "config.yaml").read_text()  # --overwrite did not touch the first run
+    first.kill()  # a crash: the kernel drops the lock with the process
+    first.communicate()
+    with run_lock(out):
+        assert (out / ".lock").read_text().strip() == str(os.getpid())
+
+
+def test_sigterm_keeps_the_checkpoint_prints_the_resume_command_and_resumes_exactly(tmp_path) -> None:
+    import shlex
+
+    from safetensors.torch import load_file
+
+    extra = ("train.epochs=6", "model.dropout=0.1")
+    out = tmp_path / "run"
+    proc = _start_training(out, *extra)
+    _wait_for(out / "seed_0" / "checkpoints" / "latest", proc)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err
+    assert "terminated by SIGTERM at epoch" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert not (out / "seed_0" / "metrics.json").exists(), "the run finished before SIGTERM came"
+    command = err.split("continue with --resume: ")[1].strip()
+    argv = shlex.split(command)
+    assert argv[:2] == ["primal", "train"] and argv[-1] == "--resume"
+    assert not list((out / "seed_0" / "checkpoints").glob(".ckpt-*"))  # no half-written checkpoint
+    resumed = subprocess.run([sys.executable, "-m", "primal_attention.cli", *argv[1:]], capture_output=True, text=True,
+                             timeout=300)
+    assert resumed.returncode == 0, resumed.stderr
+    run_seeds(load_config(CONFIG, [*TINY, *extra]), tmp_path / "full", [0])  # the same run, never stopped
+    a = json.loads((tmp_path / "full" / "seed_0" / "metrics.json").read_text())
+    b = json.loads((out / "seed_0" / "metrics.json").read_text())
+    for key in ("final_test_acc", "best_test_acc", "best_epoch", "steps", "ksvd_j_final"):
+        assert a[key] == b[key], key
+    last = lambda run: load_file(str(checkpoint.latest_checkpoint(run / "seed_0" / "checkpoints") / "model.safetensors"))  # noqa: E731
+    wa, wb = last(tmp_path / "full"), last(out)
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)

@@ -20,6 +20,8 @@ import math
 import os
 import shutil
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -491,6 +493,41 @@ def prepare_output(out: Path, run_dirs: list[Path], *, resume: bool, overwrite: 
         (out / "summary.json").unlink(missing_ok=True)
 
 
+#: the file in ``--out`` whose lock marks the process writing there (it holds that process's pid).
+LOCK_FILE = ".lock"
+
+
+@contextmanager
+def run_lock(out: Path) -> Iterator[None]:
+    """Hold an exclusive advisory lock on ``out/.lock`` (created with ``out``) while the block runs.
+
+    The kernel drops an ``flock`` when its process exits, however it exits, so a crashed or killed
+    run never leaves ``out`` locked. RunError at once (no waiting) when another process holds it.
+    """
+    try:
+        import fcntl
+    except ImportError:  # not POSIX (Windows): no flock, and no lock either
+        yield
+        return
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        fd = os.open(out / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as err:
+        raise RunError(f"--out {out} is not a writable directory ({err.strerror or err})") from err
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
+            raise RunError(f"--out {out} is in use by another primal train{f' (pid {holder})' if holder else ''}: "
+                           "one run folder has one writer; wait for it to finish or choose another --out") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # releases the lock; the file stays (removing it would race with a waiting locker)
+
+
 def run_seeds(cfg: ExperimentConfig, out_dir: str | Path, seeds: list[int], *, resume: bool = False,
               overwrite: bool = False) -> dict[str, Any]:
     """One run per seed into ``out_dir/seed_<s>``, then ``out_dir/summary.json``.
@@ -498,13 +535,24 @@ def run_seeds(cfg: ExperimentConfig, out_dir: str | Path, seeds: list[int], *, r
     A seed folder that already holds a run is refused unless ``resume`` (an interrupted run
     continues, a finished one is reported again; both only with the config they were trained
     with, see :func:`check_resumable`) or ``overwrite`` (the old run is removed first).
+    ``out_dir`` is locked (:func:`run_lock`) before anything is written there and until the end.
     """
-    import dataclasses
-
     from primal_attention.train.data import check_buildable
 
     check_buildable(cfg)
     out = Path(out_dir)
+    if resume and overwrite:
+        raise RunError("give --resume or --overwrite, not both")
+    if out.exists() and not out.is_dir():
+        raise RunError(f"--out {out} is a file, not a directory")
+    # Under torchrun every rank runs this; rank 0 alone writes, so it alone takes the lock.
+    with run_lock(out) if int(os.environ.get("RANK", "0")) == 0 else nullcontext():
+        return _run_seeds(cfg, out, seeds, resume=resume, overwrite=overwrite)
+
+
+def _run_seeds(cfg: ExperimentConfig, out: Path, seeds: list[int], *, resume: bool, overwrite: bool) -> dict[str, Any]:
+    import dataclasses
+
     run_dirs = [out / f"seed_{seed}" for seed in seeds]
     prepare_output(out, run_dirs, resume=resume, overwrite=overwrite)
     runs = []
