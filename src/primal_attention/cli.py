@@ -232,6 +232,18 @@ def _generate(args: argparse.Namespace) -> int:
     from primal_attention.train.run import load_lm_run
 
     try:
+        args.prompt.encode("utf-8")
+    except UnicodeEncodeError as err:  # bytes that are not UTF-8 reach argv as lone surrogates
+        print(f"primal generate: error: --prompt must be UTF-8 text; it holds a byte that is not UTF-8 at "
+              f"character {err.start}", file=sys.stderr)
+        return 2
+    run_dir = Path(args.run)
+    if run_dir.is_dir() and not (run_dir / "config.yaml").is_file() and any(run_dir.glob("seed_*/config.yaml")):
+        seeds = ", ".join(sorted(d.parent.name for d in run_dir.glob("seed_*/config.yaml")))
+        print(f"primal generate: error: {run_dir} is the --out folder of primal train; generate from one of its "
+              f"seed folders ({seeds}), e.g. {run_dir / seeds.split(', ')[0]}", file=sys.stderr)
+        return 2
+    try:
         run = load_lm_run(args.run, last=args.last)
     except (CheckpointError, ConfigError) as err:
         print(f"primal generate: error: {err}", file=sys.stderr)
@@ -271,6 +283,17 @@ def _positive(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from err
     if value <= 0:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def _generator_seed(text: str) -> int:
+    """A seed torch.Generator.manual_seed takes: an integer in [0, 2**64)."""
+    try:
+        value = int(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from err
+    if not 0 <= value < 2**64:
+        raise argparse.ArgumentTypeError(f"expected an integer in [0, 2**64), got {value}")
     return value
 
 
@@ -339,7 +362,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--temperature", type=float, default=1.0, help="0 = greedy decoding")
     p.add_argument("--top-k", type=_positive, default=None, help="sample among the k most likely tokens")
     p.add_argument("--num-samples", type=_positive, default=1, help="continuations of the same prompt (a batch)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the sampling generator")
+    p.add_argument("--seed", type=_generator_seed, default=0, help="seed of the sampling generator")
     p.add_argument("--last", action="store_true", help="use the last weights instead of the val-selected ones")
     p.set_defaults(func=_generate)
 

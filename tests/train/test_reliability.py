@@ -309,3 +309,11 @@ def test_sigterm_keeps_the_checkpoint_prints_the_resume_command_and_resumes_exac
     last = lambda run: load_file(str(checkpoint.latest_checkpoint(run / "seed_0" / "checkpoints") / "model.safetensors"))  # noqa: E731
     wa, wb = last(tmp_path / "full"), last(out)
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_an_out_of_range_seed_is_one_line_before_anything_is_written(tmp_path, capsys) -> None:
+    for seeds in ("-1", str(2**40)):
+        code, err = _primal(capsys, "train", CONFIG, "--out", tmp_path / "out", "--seeds", seeds,
+                            *[a for s in TINY for a in ("--set", s)])
+        assert code == 2 and f"a seed must be an integer in [0, 2**32), got {int(seeds)}" in err
+    assert not (tmp_path / "out").exists()

@@ -541,6 +541,11 @@ def run_seeds(cfg: ExperimentConfig, out_dir: str | Path, seeds: list[int], *, r
 
     check_buildable(cfg)
     out = Path(out_dir)
+    # Seeds reach torch generators scaled by about 10**6 (which take 64 bits) and numpy's default_rng
+    # (no negative seeds): 32 bits leave room for both.
+    bad = [s for s in seeds if isinstance(s, bool) or not isinstance(s, int) or not 0 <= s < 2**32]
+    if bad:
+        raise RunError(f"a seed must be an integer in [0, 2**32), got {bad[0]!r}")
     if resume and overwrite:
         raise RunError("give --resume or --overwrite, not both")
     if out.exists() and not out.is_dir():
