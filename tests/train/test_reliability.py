@@ -263,21 +263,24 @@ def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 300) -> None:
     assert path.is_file(), proc.communicate()[1] if proc.poll() is not None else f"no {path}"
 
 
-def test_a_second_training_into_the_same_out_stops_at_once(tmp_path) -> None:
+def test_a_second_training_into_the_same_run_folder_stops_at_once(tmp_path) -> None:
     from primal_attention.train.trainer import run_lock
 
     out = tmp_path / "out"
     first = _start_training(out, "train.epochs=500")
     _wait_for(out / "seed_0" / "config.yaml", first)
-    second = cli("train", str(CONFIG), "--out", str(out), "--overwrite", *sets("train.epochs=1", "train.eta=0.5"))
+    second = cli("train", str(CONFIG), "--out", str(out), "--seeds", "1,0", "--overwrite",
+                 *sets("train.epochs=1", "train.eta=0.5"))
     assert first.poll() is None, "the first run ended before the second one started"
     assert second.returncode == 2 and "Traceback" not in second.stderr
-    assert f"is in use by another primal train (pid {first.pid})" in second.stderr
+    assert f"seed_0 is in use by another primal train (pid {first.pid})" in second.stderr
     assert "eta: 0.5" not in (out / "seed_0" / "config.yaml").read_text()  # --overwrite did not touch the first run
+    assert not (out / "seed_1").exists()  # refused before anything was written
+    run_seeds(load_config(CONFIG, [*TINY, "train.epochs=1"]), out, [2])  # another seed may train beside it
     first.kill()  # a crash: the kernel drops the lock with the process
     first.communicate()
-    with run_lock(out):
-        assert (out / ".lock").read_text().strip() == str(os.getpid())
+    with run_lock([out / "seed_0"]):
+        assert (out / ".seed_0.lock").read_text().strip() == str(os.getpid())
 
 
 def test_sigterm_keeps_the_checkpoint_prints_the_resume_command_and_resumes_exactly(tmp_path) -> None:

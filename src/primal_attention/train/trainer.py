@@ -21,7 +21,7 @@ import os
 import shutil
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -493,39 +493,40 @@ def prepare_output(out: Path, run_dirs: list[Path], *, resume: bool, overwrite: 
         (out / "summary.json").unlink(missing_ok=True)
 
 
-#: the file in ``--out`` whose lock marks the process writing there (it holds that process's pid).
-LOCK_FILE = ".lock"
-
-
 @contextmanager
-def run_lock(out: Path) -> Iterator[None]:
-    """Hold an exclusive advisory lock on ``out/.lock`` (created with ``out``) while the block runs.
+def run_lock(run_dirs: list[Path]) -> Iterator[None]:
+    """Hold an exclusive advisory lock per run folder while the block runs: the file
+    ``.<name>.lock`` beside each (in ``--out``, outside the folder, which ``--overwrite`` removes).
 
-    The kernel drops an ``flock`` when its process exits, however it exits, so a crashed or killed
-    run never leaves ``out`` locked. RunError at once (no waiting) when another process holds it.
+    One lock per seed folder, not one per ``--out``: one run folder has one writer, while other
+    seeds may train into the same ``--out`` at once (``primal sweep``'s workers do). The kernel drops
+    an ``flock`` when its process exits, however it exits, so a crashed or killed run never leaves a
+    folder locked. RunError at once (no waiting) when another process holds one; the lock file then
+    names its pid.
     """
     try:
         import fcntl
     except ImportError:  # not POSIX (Windows): no flock, and no lock either
         yield
         return
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        fd = os.open(out / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError as err:
-        raise RunError(f"--out {out} is not a writable directory ({err.strerror or err})") from err
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
-            raise RunError(f"--out {out} is in use by another primal train{f' (pid {holder})' if holder else ''}: "
-                           "one run folder has one writer; wait for it to finish or choose another --out") from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    with ExitStack() as held:
+        for run_dir in run_dirs:
+            lock = run_dir.parent / f".{run_dir.name}.lock"
+            try:
+                run_dir.parent.mkdir(parents=True, exist_ok=True)
+                fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+            except OSError as err:
+                raise RunError(f"--out {run_dir.parent} is not a writable directory ({err.strerror or err})") from err
+            held.callback(os.close, fd)  # closing releases the lock; the file stays (removing it would race)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
+                raise RunError(f"{run_dir} is in use by another primal train{f' (pid {holder})' if holder else ''}: "
+                               "one run folder has one writer; wait for it to finish or choose another --out") from None
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         yield
-    finally:
-        os.close(fd)  # releases the lock; the file stays (removing it would race with a waiting locker)
 
 
 def run_seeds(cfg: ExperimentConfig, out_dir: str | Path, seeds: list[int], *, resume: bool = False,
@@ -535,7 +536,7 @@ def run_seeds(cfg: ExperimentConfig, out_dir: str | Path, seeds: list[int], *, r
     A seed folder that already holds a run is refused unless ``resume`` (an interrupted run
     continues, a finished one is reported again; both only with the config they were trained
     with, see :func:`check_resumable`) or ``overwrite`` (the old run is removed first).
-    ``out_dir`` is locked (:func:`run_lock`) before anything is written there and until the end.
+    Each seed folder is locked (:func:`run_lock`) before anything is written and until the end.
     """
     from primal_attention.train.data import check_buildable
 
@@ -550,8 +551,9 @@ def run_seeds(cfg: ExperimentConfig, out_dir: str | Path, seeds: list[int], *, r
         raise RunError("give --resume or --overwrite, not both")
     if out.exists() and not out.is_dir():
         raise RunError(f"--out {out} is a file, not a directory")
-    # Under torchrun every rank runs this; rank 0 alone writes, so it alone takes the lock.
-    with run_lock(out) if int(os.environ.get("RANK", "0")) == 0 else nullcontext():
+    # Under torchrun every rank runs this; rank 0 alone writes, so it alone takes the locks.
+    run_dirs = [out / f"seed_{seed}" for seed in seeds]
+    with run_lock(run_dirs) if int(os.environ.get("RANK", "0")) == 0 else nullcontext():
         return _run_seeds(cfg, out, seeds, resume=resume, overwrite=overwrite)
 
 
