@@ -320,3 +320,17 @@ def test_an_out_of_range_seed_is_one_line_before_anything_is_written(tmp_path, c
                             *[a for s in TINY for a in ("--set", s)])
         assert code == 2 and f"a seed must be an integer in [0, 2**32), got {int(seeds)}" in err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_model_key_the_checkpoint_did_not_record_is_not_a_difference(tmp_path, capsys) -> None:
+    import json as json_
+
+    from safetensors.torch import load_file, save_file
+
+    run = _tiny_run(tmp_path / "out")
+    for ckpt in (run / "checkpoints").glob("ckpt-*"):  # as if written before model.activation existed
+        file = ckpt / "model.safetensors"
+        config = checkpoint.checkpoint_config(ckpt)
+        del config["model"]["activation"]
+        save_file(load_file(str(file)), str(file), metadata={checkpoint.CONFIG_METADATA: json_.dumps(config)})
+    assert _primal(capsys, "eval", run)[0] == 0

@@ -83,9 +83,15 @@ MODEL_DATA_KEYS = ("data.family", "data.seq_len", "data.options.vocab_size", "da
                    "data.options.max_ep_len")
 
 
+_MISSING = object()
+
+
 def _lookup(tree: dict[str, Any], key: str) -> Any:
+    """The value at a dotted key, or ``_MISSING``."""
     for part in key.split("."):
-        tree = tree.get(part) if isinstance(tree, dict) else None
+        if not isinstance(tree, dict) or part not in tree:
+            return _MISSING
+        tree = tree[part]
     return tree
 
 
@@ -93,12 +99,14 @@ def check_trained_config(ckpt: Path, cfg: ExperimentConfig, source: Path) -> Non
     """CheckpointError unless ``cfg`` (read from ``source``) builds the model the checkpoint ``ckpt``
     was trained with: every ``model.*`` key and :data:`MODEL_DATA_KEYS` must equal the config the
     checkpoint recorded. A change such as ``model.activation`` keeps every weight's shape, so
-    loading the weights alone would not notice it. Checkpoints that recorded no config pass."""
+    loading the weights alone would not notice it. Checkpoints that recorded no config pass, and so
+    do keys they did not record (a field added since, whose default keeps the old model)."""
     trained = checkpoint_config(ckpt)
     if trained is None:
         return
     current = json.loads(json.dumps(config_to_dict(cfg)))  # the JSON form the checkpoint holds
-    changed = [k for k in config_changes(trained, current) if k.startswith("model.") or k in MODEL_DATA_KEYS]
+    changed = [k for k in config_changes(trained, current)
+               if (k.startswith("model.") or k in MODEL_DATA_KEYS) and _lookup(trained, k) is not _MISSING]
     if changed:
         diffs = ", ".join(f"{k} ({_lookup(trained, k)!r} there, {_lookup(current, k)!r} in {source.name})" for k in changed)
         raise CheckpointError(f"{ckpt} was trained with another model than {source} describes: {diffs}; "
