@@ -83,6 +83,7 @@ EXIT_SIGINT, EXIT_SIGTERM = 130, 143
 
 def _train(args: argparse.Namespace) -> int:
     import signal
+    import threading
 
     from primal_attention.data.base import DataError
     from primal_attention.train.checkpoint import CheckpointError
@@ -98,7 +99,9 @@ def _train(args: argparse.Namespace) -> int:
             terminated.append(signum)
             raise KeyboardInterrupt
 
-    previous = signal.signal(signal.SIGTERM, on_sigterm)
+    # Only the main thread may set a handler (main() may be called from another one).
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, on_sigterm) if main_thread else None
     out = None
     try:
         cfg = load_config(args.config, args.set)
@@ -114,7 +117,8 @@ def _train(args: argparse.Namespace) -> int:
         print(f"primal train: error: {err}", file=sys.stderr)
         return 2
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        if main_thread:  # None: the previous handler was not set from Python
+            signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
     if int(__import__("os").environ.get("RANK", "0")) == 0:
         keys = [k for k in ("best_test_acc", "final_test_acc", "test_acc", "best_val_acc", "wall_time_s") if k in summary]
         print(f"{cfg.name} ({summary['protocol']} protocol, seeds {summary['seeds']}) -> {out}")
