@@ -116,7 +116,7 @@ def _load_rl(cfg: ExperimentConfig) -> Splits:
         raise ConfigError("data.max_examples does not apply to data.family rl")
     o = rl_options(d)
     path = dataset_file(d.name, d.data_dir, o["collection_seed"])
-    train = RLData.from_transitions(load_transitions(path), env=d.name, context=d.seq_len, max_ep_len=o["max_ep_len"],
+    train = RLData.from_transitions(load_transitions(path, env=d.name), env=d.name, context=d.seq_len, max_ep_len=o["max_ep_len"],
                                     name=d.name, meta={"source": str(path)})
     make = lambda split: RolloutSet(train.env, float(o["target_return"]), o["eval_episodes"], ROLLOUT_SEEDS[split],  # noqa: E731
                                     train.state_mean, train.state_std, d.seq_len, o["max_ep_len"])
@@ -273,11 +273,10 @@ def check_buildable(cfg: ExperimentConfig) -> None:
     if cfg.data.family == "lm":
         stand_in.vocab_size = lm_options(cfg.data)["vocab_size"]
     if cfg.data.family == "rl":
-        from primal_attention.data.rl import dataset_name
+        from primal_attention.data.rl import ENV_SIZES, dataset_name
 
         stand_in.max_ep_len = rl_options(cfg.data)["max_ep_len"]
-        stand_in.state_dim, stand_in.act_dim = {"hopper": (11, 3), "halfcheetah": (17, 6), "walker2d": (17, 6)}[
-            dataset_name(cfg.data.name)[0]]
+        stand_in.state_dim, stand_in.act_dim = ENV_SIZES[dataset_name(cfg.data.name)[0]]
     try:
         with torch.device("meta"):
             build_model(cfg, stand_in)
