@@ -120,7 +120,10 @@ def _train(args: argparse.Namespace) -> int:
         if main_thread:  # None: the previous handler was not set from Python
             signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
     if int(__import__("os").environ.get("RANK", "0")) == 0:
-        keys = [k for k in ("best_test_acc", "final_test_acc", "test_acc", "best_val_acc", "wall_time_s") if k in summary]
+        from primal_attention.train.families import get_family
+
+        wanted = (*get_family(cfg.data.family).summary_metrics, "wall_time_s")
+        keys = [k for k in wanted if k in summary]
         print(f"{cfg.name} ({summary['protocol']} protocol, seeds {summary['seeds']}) -> {out}")
         for k in keys:
             v = summary[k]
@@ -177,16 +180,17 @@ def _baselines(args: argparse.Namespace) -> int:
 
 def _eval_one(path: Path, last: bool) -> dict:
     from primal_attention.train.checkpoint import CheckpointError
+    from primal_attention.train.families import get_family
     from primal_attention.train.run import load_run
-    from primal_attention.train.tasks import evaluate
 
     run = load_run(path, last=last)
+    task = get_family(run.cfg.data.family).task
     if run.checkpoint is None:
         raise CheckpointError(f"{path} is a config, not a trained run")
     result = {"checkpoint": str(run.checkpoint), "weights": run.weights}
     for name, data in (("val", run.splits.val), ("test", run.splits.test)):
         if data is not None:
-            result[name] = evaluate(run.model, data, run.cfg.train.eval_batch_size, run.device)
+            result[name] = task.evaluate(run.model, data, run.cfg.train.eval_batch_size, run.device)
     return result
 
 

@@ -13,7 +13,8 @@ import torch
 from test_trainer import cli
 
 from primal_attention.data.lm import BPETokenizer, LMData
-from primal_attention.train.tasks import LANGUAGE_MODEL, evaluate, task_for
+from primal_attention.train.families import get_family
+from primal_attention.train.tasks import LANGUAGE_MODEL
 
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "lm" / "corpora_primal+.yaml"
 WORDS = "the and of to in that shall unto lord thou thy king love night death heaven earth sea fire".split()
@@ -123,8 +124,8 @@ def test_evaluate_a_uniform_model_gives_log_vocab_and_bits_from_the_bytes(text_d
     monkeypatch.setenv("PRIMAL_ATTENTION_CACHE", str(tmp_path / "cache"))
     tok = BPETokenizer.train([(text_dir / "train.txt").read_text()], 300)
     data = LMData.from_texts([(text_dir / "valid.txt").read_text()], tok, 16)
-    assert task_for(data) is LANGUAGE_MODEL
-    got = evaluate(_Uniform(tok.vocab_size), data, 7, torch.device("cpu"))
+    assert get_family("lm").task is LANGUAGE_MODEL
+    got = LANGUAGE_MODEL.evaluate(_Uniform(tok.vocab_size), data, 7, torch.device("cpu"))
     targets = len(data) * 16
     assert math.isclose(got["loss"], math.log(tok.vocab_size), rel_tol=1e-6)
     assert math.isclose(got["ppl"], tok.vocab_size, rel_tol=1e-5)

@@ -16,6 +16,7 @@ from torch import nn
 from primal_attention.train.checkpoint import CheckpointError, find_run, load_run_weights
 from primal_attention.train.config import ExperimentConfig, load_config
 from primal_attention.train.data import Splits, build_model, build_splits
+from primal_attention.train.families import get_family
 from primal_attention.train.trainer import check_trained_config, resolve_device
 
 if TYPE_CHECKING:
@@ -104,7 +105,7 @@ def load_lm_run(path: str | Path, *, last: bool = False) -> LoadedLM:
     run_dir, ckpt = find_run(Path(path))
     cfg = load_config(run_dir / "config.yaml")
     check_trained_config(ckpt, cfg, run_dir / "config.yaml")
-    if cfg.data.family != "lm":
+    if not get_family(cfg.data.family).generates:
         raise CheckpointError(f"{run_dir} is a run of data.family {cfg.data.family}, not a language model (lm)")
     tok_path = run_dir / "tokenizer.json"
     if not tok_path.is_file():

@@ -44,7 +44,8 @@ from primal_attention.train.checkpoint import (
 from primal_attention.train.config import ConfigError, ExperimentConfig, config_to_dict, dump_config, load_config
 from primal_attention.train.data import Splits, build_model, build_splits, train_batch
 from primal_attention.train.stats import mean_std
-from primal_attention.train.tasks import Task, evaluate, task_for
+from primal_attention.train.families import get_family
+from primal_attention.train.tasks import Task
 
 
 class RunError(ValueError):
@@ -191,6 +192,7 @@ class Trainer:
 
     def __init__(self, cfg: ExperimentConfig, out_dir: str | Path, *, resume: bool = False) -> None:
         self.cfg = cfg
+        self._task = get_family(cfg.data.family).task
         self.out = Path(out_dir)
         self.resume = resume
         self.world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -281,10 +283,10 @@ class Trainer:
         steps_per_epoch = math.ceil(len(splits.train) / t.batch_size)
         total = t.steps if t.steps is not None else t.epochs * steps_per_epoch
         scheduler = make_scheduler(cfg, optimizer, total)
-        if self.is_main and hasattr(splits.train, "tokenizer"):
-            self.out.mkdir(parents=True, exist_ok=True)
-            splits.train.tokenizer.save(self.out / "tokenizer.json")  # `primal generate` reads it
-        return _Loop(model, net, optimizer, scheduler, splits, total, steps_per_epoch, task_for(splits.train))
+        family = get_family(cfg.data.family)
+        if self.is_main:
+            family.prepare_run(splits, self.out)
+        return _Loop(model, net, optimizer, scheduler, splits, total, steps_per_epoch, family.task)
 
     def _restore(self, loop: _Loop) -> None:
         """Continue from the latest checkpoint, if there is one: weights, optimiser, schedule, RNG, history."""
@@ -377,9 +379,9 @@ class Trainer:
         row: dict[str, Any] = {"step": step, "epoch": step / steps_per_epoch, "train_loss": last["loss"],
                                "train_ksvd": last["ksvd"], "train_batch_acc": last["acc"]}
         if splits.val is not None:
-            row.update({f"val_{k}": v for k, v in evaluate(model, splits.val, t.eval_batch_size, self.device).items()})
+            row.update({f"val_{k}": v for k, v in self._task.evaluate(model, splits.val, t.eval_batch_size, self.device).items()})
         if t.protocol == "authors" or t.track_test:
-            row.update({f"test_{k}": v for k, v in evaluate(model, splits.test, t.eval_batch_size, self.device).items()})
+            row.update({f"test_{k}": v for k, v in self._task.evaluate(model, splits.test, t.eval_batch_size, self.device).items()})
         if primal_layers(model):
             # KSVD state (J, Λ, stationarity residuals) on a fixed batch: the first training examples.
             fixed = _first_batch(splits.train, t.eval_batch_size, self.device)
@@ -444,7 +446,7 @@ class Trainer:
         else:
             selected = build_model(self.cfg, splits.train).to(self.device)
             selected.load_state_dict(best_weights)
-            test = evaluate(selected, splits.test, t.eval_batch_size, self.device)
+            test = task.evaluate(selected, splits.test, t.eval_batch_size, self.device)
             metrics.update({f"test_{m}": test[m] for m in reported})
             metrics.update({f"best_val_{m}": best[f"val_{m}"] for m in reported}, best_epoch=best["epoch"])
             metrics.update({f"final_val_{m}": history[-1][f"val_{m}"] for m in reported})
