@@ -302,12 +302,12 @@ def load_cells(store: Path) -> tuple[dict[str, Cell], dict[str, Cell]]:
     for run in RUNS:
         records = stored(store / run.name)
         ok = [r for r in records if "failed" not in r and r.get("history")]
-        runs[run.name] = Cell(run.label, [r["history"][-1] for r in ok], [r["history"] for r in ok], ok,
+        runs[run.name] = Cell(f"{run.setting.dataset.key} {run.label}", [r["history"][-1] for r in ok], [r["history"] for r in ok], ok,
                               [f"seed {r['seed']}: {r['failed']}" for r in records if "failed" in r])
     inits: dict[str, Cell] = {}
     for setting in SETTINGS:
         rows = [init_row(r) for r in stored(store / f"{setting.name}_init")]
-        inits[setting.name] = Cell(f"{setting.label}, untrained", rows, [[r] for r in rows], [], [])
+        inits[setting.name] = Cell(f"{setting.dataset.key} {setting.label}, untrained", rows, [[r] for r in rows], [], [])
     return runs, inits
 
 
@@ -569,7 +569,9 @@ def cross_check(found: dict[str, list[Comparison]], runs: dict[str, Cell]) -> li
         return lines + ["Not measured yet (no setting has both its η 0 and its authors' η run stored).", ""]
     j_words = [f"{c.title}: {_difference_cell(c, BY_KEY['j_authors'])}"
                for c in reg if "j_authors" in c.differences]
-    j_ok = bool(j_words) and all(c.word("j_authors") == "lower" for c in reg if "j_authors" in c.differences)
+    j_seen = [c.word("j_authors") for c in reg if "j_authors" in c.differences]
+    j_state = ("not decided (n < 2 a side)" if not j_seen or "no interval" in j_seen
+               else "confirmed" if all(w == "lower" for w in j_seen) else "not confirmed")
     trained = [runs[r.name] for r in RUNS if runs[r.name].n]
     residuals = [v for c in trained for v in c.values("residual")]
     res_ok = bool(residuals) and min(residuals) >= 0.9
@@ -581,7 +583,7 @@ def cross_check(found: dict[str, list[Comparison]], runs: dict[str, Cell]) -> li
             info.append(f"{c.label}: ∠ feature {statistics.mean(c.values('angle_feature')):.1f}°{ratio}")
     lines += [
         f"* *J → 0 with the regulariser* (J_authors rms, authors' η − η 0): {'; '.join(j_words)} — "
-        f"**{'confirmed' if j_ok else 'not confirmed'}** (confirmed = lower beyond the seed spread in every setting).",
+        f"**{j_state}** (confirmed = lower beyond the seed spread in every setting).",
         f"* *Scaled residuals ≈ 1 with or without it*: every trained run's per-seed final value lies in "
         f"[{min(residuals):.3f}, {max(residuals):.3f}] — **{'confirmed' if res_ok else 'not confirmed'}** "
         "(confirmed = all ≥ 0.9).",
