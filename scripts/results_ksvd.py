@@ -233,15 +233,15 @@ class Metric:
     key: str
     label: str
     value: Callable[[dict], float]
-    digits: int
+    digits: int | None  # decimals; None: 3 significant digits (values over orders of magnitude)
     lower_is_closer: bool
     distance: bool  # a distance to the solution (enters the verdict); else a diagnostic
     token_space: bool = False  # trivial where s ≥ L (docs/method.md §7)
 
 
 METRICS = (
-    Metric("j_authors", "J_authors rms", _mean_over_layers("J_authors_rms", prefix="ksvd/"), 3, True, False),
-    Metric("j_paper", "\\|J\\| paper's", _mean_over_layers("j_learned", transform=abs), 1, True, False),
+    Metric("j_authors", "J_authors rms", _mean_over_layers("J_authors_rms", prefix="ksvd/"), None, True, False),
+    Metric("j_paper", "\\|J\\| paper's", _mean_over_layers("j_learned", transform=abs), None, True, False),
     Metric("residual", "scaled residual", _mean_over_layers("res_e_scaled", "res_r_scaled"), 3, True, True),
     Metric("angle_feature", "∠ feature space °", _mean_over_layers("angle_we_mean", "angle_wr_mean"), 1, True, True),
     Metric("angle_token", "∠ token space °", _mean_over_layers("angle_e_mean", "angle_r_mean"), 1, True, True, True),
@@ -403,8 +403,17 @@ def answer(question: list[Comparison], runs: dict[str, Cell]) -> str:
 # ------------------------------------------------------------------------------------------ the page
 
 
+def _number(value: float, digits: int | None, sign: str = "") -> str:
+    return f"{value:{sign}.3g}" if digits is None else f"{value:{sign}.{digits}f}"
+
+
 def _fmt_cell(cell: Cell, metric: Metric) -> str:
-    text = value_cell(cell.values(metric.key), metric.digits)
+    values = cell.values(metric.key)
+    if metric.digits is None and values:
+        mean, sd = mean_std(values)
+        text = f"{_number(mean, None)} ± {_number(sd, None)}" if len(values) > 1 else _number(mean, None)
+    else:
+        text = value_cell(values, metric.digits or 0)
     return f"{text}\\*" if metric.token_space and cell.trivial and text != "–" else text
 
 
@@ -424,9 +433,10 @@ def table(dataset: Dataset, runs: dict[str, Cell], inits: dict[str, Cell]) -> li
 
 def _difference_cell(c: Comparison, metric: Metric) -> str:
     d, digits = c.differences[metric.key], metric.digits
+    diff = _number(d.diff, digits, "+")
     if math.isnan(d.low):
-        return f"{d.diff:+.{digits}f} (n < 2: no interval)"
-    return f"{d.diff:+.{digits}f} [{d.low:+.{digits}f}, {d.high:+.{digits}f}] {c.word(metric.key)}"
+        return f"{diff} (n < 2: no interval)"
+    return f"{diff} [{_number(d.low, digits, '+')}, {_number(d.high, digits, '+')}] {c.word(metric.key)}"
 
 
 def comparison_rows(found: dict[str, list[Comparison]], dataset: Dataset) -> list[str]:

@@ -92,7 +92,7 @@ def test_page_from_synthetic_runs(study, tmp_path) -> None:
     assert cells[col["n"]] == "3" and cells[col["test acc % (val-selected)"]] == "95.0 ± 0.0"
     assert cells[col["∠ feature space °"]] == "41.0 ± 1.0" and cells[col["∠ token space °"]] == "41.0 ± 1.0"
     assert cells[col["scaled residual"]] == "1.000 ± 0.000" and cells[col["objective ratio"]] == "0.951 ± 0.001"
-    assert cells[col["J_authors rms"]] == "0.011 ± 0.001" and cells[col["\\|J\\| paper's"]] == "0.1 ± 0.0"
+    assert cells[col["J_authors rms"]] == "0.011 ± 0.001" and cells[col["\\|J\\| paper's"]] == "0.11 ± 0.01"
     untrained = table_row(text, "s 5", "untrained")
     assert untrained[col["n"]] == "3" and untrained[col["∠ feature space °"]] == "70.0 ± 0.0"
     # s 40 with s_b = rank K: the token-space cells are marked trivial and left out of the comparisons.
