@@ -50,7 +50,7 @@ class Dataset:
     key: str
     title: str
     x: str  # history column of the plots' x axis
-    authors_eta: float
+    etas: tuple[float, float, float]  # η 0, the authors' η, 10× it
 
 
 @dataclass(frozen=True)
@@ -87,9 +87,9 @@ class Run:
         return [*self.setting.overrides, f"train.eta={self.eta:g}", *self.extra]
 
 
-JV = Dataset("jv", "UEA JapaneseVowels (real data, the paper's dataset)", "epoch", 0.5)
+JV = Dataset("jv", "UEA JapaneseVowels (real data, the paper's dataset)", "epoch", (0.0, 0.5, 5.0))
 IMAGE = Dataset("image", "LRA Image stand-in: Fashion-MNIST, 32×32 grey levels = 1024 tokens (the paper: "
-                         "grey-level CIFAR-10)", "step", 0.1)
+                         "grey-level CIFAR-10)", "step", (0.0, 0.1, 1.0))
 DATASETS = (JV, IMAGE)
 _JV_COMMON = ("train.epochs=30", "train.protocol=holdout", "train.ksvd_distances_every=1", "train.threads=1",
               DIAGNOSTICS_BATCH)
@@ -103,16 +103,11 @@ SETTINGS = (
 )
 _BY_NAME = {s.name: s for s in SETTINGS}
 RUNS = (
-    *(Run(_BY_NAME[s], eta, phase="jv") for s in ("jv", "jv_rank5") for eta in (0.0, 0.5, 5.0)),
-    *(Run(_BY_NAME["image"], eta, phase="image") for eta in (0.0, 0.1, 1.0)),
+    *(Run(_BY_NAME[s], eta, phase="jv") for s in ("jv", "jv_rank5") for eta in JV.etas),
+    *(Run(_BY_NAME["image"], eta, phase="image") for eta in IMAGE.etas),
     Run(_BY_NAME["image"], 0.1, ("train.steps=3200",), "_long", "long", "4× steps"),
 )
 PHASES = ("jv", "image", "long")
-
-
-def etas(dataset: Dataset) -> dict[float, str]:
-    """The three η of a dataset and their role."""
-    return {0.0: "η 0", dataset.authors_eta: "authors' η", 10 * dataset.authors_eta: "10× authors' η"}
 
 
 # ------------------------------------------------------------------------------------------ running
@@ -191,7 +186,7 @@ def init_cell(setting: Setting, seed: int, *, store: Path = STORE, work: Path = 
     record = {"seed": seed, "command": shlex.join(command), "ksvd_diagnostics_batch": result["ksvd_diagnostics_batch"],
               "ksvd_distances": result["ksvd_distances"], "ksvd_diagnostics": result["ksvd_diagnostics"]}
     _write(target, record)
-    return record
+    return json.loads(target.read_text())
 
 
 def run_grid(phases: Sequence[str], seeds: Sequence[int], *, store: Path = STORE, work: Path = WORK,
@@ -302,8 +297,9 @@ def load_cells(store: Path) -> tuple[dict[str, Cell], dict[str, Cell]]:
     for run in RUNS:
         records = stored(store / run.name)
         ok = [r for r in records if "failed" not in r and r.get("history")]
-        runs[run.name] = Cell(f"{run.setting.dataset.key} {run.label}", [r["history"][-1] for r in ok], [r["history"] for r in ok], ok,
-                              [f"seed {r['seed']}: {r['failed']}" for r in records if "failed" in r])
+        failed = [f"seed {r['seed']}: {r['failed']}" for r in records if "failed" in r]
+        runs[run.name] = Cell(f"{run.setting.dataset.key} {run.label}", [r["history"][-1] for r in ok],
+                              [r["history"] for r in ok], ok, failed)
     inits: dict[str, Cell] = {}
     for setting in SETTINGS:
         rows = [init_row(r) for r in stored(store / f"{setting.name}_init")]
@@ -328,7 +324,9 @@ class Comparison:
         d = self.differences[metric]
         if d.verdict in ("better", "worse"):
             closer = d.verdict == "better"
-            return ("closer" if closer else "farther") if BY_KEY[metric].distance else ("lower" if (d.diff < 0) else "higher")
+            if BY_KEY[metric].distance:
+                return "closer" if closer else "farther"
+            return "lower" if d.diff < 0 else "higher"
         return d.verdict  # "within noise" or "no interval"
 
     @property
@@ -351,7 +349,7 @@ def compare(dataset: str, title: str, a: str, b: str, runs: dict[str, Cell]) -> 
         return None
     diffs = {}
     for m in METRICS:
-        if m.key == "captured_optimal" or m.key == "captured_learned" or (m.token_space and (ca.trivial or cb.trivial)):
+        if m.key.startswith("captured_") or (m.token_space and (ca.trivial or cb.trivial)):
             continue
         va, vb = ca.values(m.key), cb.values(m.key)
         if va and vb:
@@ -359,9 +357,9 @@ def compare(dataset: str, title: str, a: str, b: str, runs: dict[str, Cell]) -> 
     return Comparison(dataset, title, a, b, diffs)
 
 
-#: The questions of the issue: question -> what is compared.
-QUESTIONS = {"regulariser": "authors' η − η 0", "larger": "10× − η 0", "larger_vs_authors": "10× − authors' η",
-             "longer": "4× steps − standard, authors' η"}
+#: The questions of the issue: the authors' η − η 0, 10× − η 0, 10× − the authors' η, and 4× steps − the
+#: standard schedule at the authors' η.
+QUESTIONS = ("regulariser", "larger", "larger_vs_authors", "longer")
 
 
 def comparisons(runs: dict[str, Cell]) -> dict[str, list[Comparison]]:
@@ -369,7 +367,7 @@ def comparisons(runs: dict[str, Cell]) -> dict[str, list[Comparison]]:
     out: dict[str, list[Comparison]] = {q: [] for q in QUESTIONS}
     for setting in SETTINGS:
         named = {r.eta: r.name for r in RUNS if r.setting is setting and not r.suffix}
-        zero, authors, ten = (named[e] for e in etas(setting.dataset))
+        zero, authors, ten = (named[e] for e in setting.dataset.etas)
         pairs = [("regulariser", authors, zero), ("larger", ten, zero), ("larger_vs_authors", ten, authors)]
         pairs += [("longer", r.name, authors) for r in RUNS if r.setting is setting and r.suffix]
         for question, a, b in pairs:
@@ -480,7 +478,7 @@ def plot(dataset: Dataset, runs: dict[str, Cell], inits: dict[str, Cell], folder
     if not drawn:
         return None
     settings = [s for s in SETTINGS if s.dataset is dataset]
-    colours = {eta: f"C{i}" for i, eta in enumerate(etas(dataset))}
+    colours = {eta: f"C{i}" for i, eta in enumerate(dataset.etas)}
     fig, axes = plt.subplots(2, 4, figsize=(18, 7.5))
     for ax, metric in zip(axes.flat, METRICS):
         for run in drawn:
