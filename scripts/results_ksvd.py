@@ -492,7 +492,7 @@ def plot(dataset: Dataset, runs: dict[str, Cell], inits: dict[str, Cell], folder
             ax.set_yscale("log")
         ax.set(xlabel=dataset.x + (" (0 = untrained)"), title=metric.label.replace("\\|", "|"))
     axes.flat[0].legend(fontsize=7)
-    fig.suptitle(f"{dataset.title}: distances to the exact KSVD solution over training (mean over layers, "
+    fig.suptitle(f"{dataset.title.split(' (')[0]}: distances to the exact KSVD solution over training (mean over layers, "
                  f"mean ± std over seeds)", fontsize=10)
     fig.tight_layout()
     folder.mkdir(parents=True, exist_ok=True)
