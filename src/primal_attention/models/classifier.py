@@ -13,14 +13,14 @@ Covers the paper's two classification settings:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from primal_attention.models.transformer import TransformerStack
+from primal_attention.models.transformer import Activation, StackConfig
 from primal_attention.models.dropout import Dropout
 
 POSITIONAL = ("learned", "sinusoidal", "none")
@@ -28,25 +28,21 @@ POOLING = ("mean", "cls", "flatten")
 EMBEDDING_INITS = ("auto", "normal", "torch")
 
 
-@dataclass
-class ClassifierConfig:
-    """Everything that defines a :class:`SequenceClassifier`; exactly one of vocab_size / num_features."""
+@dataclass(kw_only=True)
+class ClassifierConfig(StackConfig):
+    """Everything that defines a :class:`SequenceClassifier`: the stack of :class:`StackConfig` (D 64,
+    H 2, FFN 128, two primal layers by default) and the classifier's own fields; exactly one of
+    vocab_size / num_features."""
 
     num_classes: int
     max_seq_len: int
     vocab_size: int | None = None
     num_features: int | None = None
-    dim: int = 64
-    num_heads: int = 2
-    ffn_dim: int = 128
-    attention: list[str] = field(default_factory=lambda: ["primal", "primal"])
-    attention_options: dict[str, dict[str, Any]] = field(default_factory=dict)
-    dropout: float = 0.0
     attention_dropout: float = 0.0
     norm_first: bool = True
-    activation: str = "gelu"
-    positional: str = "learned"
-    pooling: str = "mean"
+    activation: Activation = "gelu"
+    positional: Literal["learned", "sinusoidal", "none"] = "learned"
+    pooling: Literal["mean", "cls", "flatten"] = "mean"
     input_scale: bool = False
     head_hidden: int | None = None
     dual: bool = False
@@ -54,9 +50,10 @@ class ClassifierConfig:
     #: "torch": PyTorch's defaults for the input layer (an ``nn.Embedding`` is N(0, 1)) and learned
     #: positions U(-0.02, 0.02) (the authors' UEA ``LearnablePositionalEncoding``); "auto": "normal" for
     #: token input, "torch" for continuous input — each the authors' choice for that kind of data.
-    embedding_init: str = "auto"
+    embedding_init: Literal["auto", "normal", "torch"] = "auto"
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if (self.vocab_size is None) == (self.num_features is None):
             raise ValueError("ClassifierConfig: give exactly one of vocab_size (tokens) or num_features (continuous)")
         if self.positional not in POSITIONAL:
@@ -114,18 +111,8 @@ class SequenceClassifier(nn.Module):
             self.pos = None
         self.cls = nn.Parameter(torch.zeros(1, 1, c.dim)) if c.pooling == "cls" else None
         self.drop = Dropout(c.dropout)
-        self.encoder = TransformerStack(
-            c.attention,
-            c.dim,
-            c.num_heads,
-            c.ffn_dim,
-            dropout=c.dropout,
-            attention_dropout=c.attention_dropout,
-            norm_first=c.norm_first,
-            activation=c.activation,
-            max_seq_len=length,
-            attention_options=c.attention_options,
-        )
+        self.encoder = c.stack(attention_dropout=c.attention_dropout, norm_first=c.norm_first, activation=c.activation,
+                               max_seq_len=length)
         pooled = c.dim * c.max_seq_len if c.pooling == "flatten" else c.dim
         if c.dual:
             pooled *= 4

@@ -13,14 +13,14 @@ layer's state (KV cache or primal O(1) state); it equals the forward over the to
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from dataclasses import KW_ONLY, dataclass, field
+from typing import Any, Literal, NamedTuple
 
 import torch
 from torch import Tensor, nn
 
 from primal_attention.models.dropout import Dropout
-from primal_attention.models.transformer import TransformerStack
+from primal_attention.models.transformer import Activation, StackConfig
 
 __all__ = ["DTState", "DecisionTransformer", "DecisionTransformerConfig"]
 
@@ -28,25 +28,27 @@ _KINDS = ("return", "state", "action")
 
 
 @dataclass
-class DecisionTransformerConfig:
-    """Everything that defines a :class:`DecisionTransformer`."""
+class DecisionTransformerConfig(StackConfig):
+    """Everything that defines a :class:`DecisionTransformer`: the sizes of the environment (state_dim,
+    act_dim, positional), the stack of :class:`StackConfig` (here D 256, H 4, FFN 1024, two softmax
+    layers and one causal primal layer, dropout 0.1) and the Decision Transformer's own fields."""
 
     state_dim: int
     act_dim: int
+    _: KW_ONLY
     context: int = 20
     max_ep_len: int = 1000
     dim: int = 256
     num_heads: int = 4
     ffn_dim: int = 1024
     attention: list[str] = field(default_factory=lambda: ["softmax", "softmax", "primal"])
-    attention_options: dict[str, dict[str, Any]] = field(default_factory=dict)
     dropout: float = 0.1
-    activation: str = "relu"
+    activation: Activation = "relu"
     action_tanh: bool = True
     #: "gpt2": every Linear inside the blocks (the primal layer's too) N(0, 0.02) with zero bias — what the
     #: authors' GPT2Model.init_weights does; the embeddings and the action head keep PyTorch's defaults
     #: there too. "torch": PyTorch's defaults everywhere (the previous init).
-    block_init: str = "gpt2"
+    block_init: Literal["gpt2", "torch"] = "gpt2"
 
 
 class DTState(NamedTuple):
@@ -75,9 +77,7 @@ class DecisionTransformer(nn.Module):
         self.embed_action = nn.Linear(c.act_dim, c.dim)
         self.embed_ln = nn.LayerNorm(c.dim)
         self.drop = Dropout(c.dropout)
-        self.decoder = TransformerStack(c.attention, c.dim, c.num_heads, c.ffn_dim, dropout=c.dropout, causal=True,
-                                        max_seq_len=3 * c.context, attention_options=c.attention_options,
-                                        activation=c.activation)
+        self.decoder = c.stack(causal=True, max_seq_len=3 * c.context, activation=c.activation)
         self.predict_action = nn.Sequential(nn.Linear(c.dim, c.act_dim), *([nn.Tanh()] if c.action_tanh else []))
         if c.block_init == "gpt2":
             for module in self.decoder.modules():

@@ -16,13 +16,14 @@ from torch import Tensor, nn
 
 from primal_attention.layers.inputs import record_inputs
 from primal_attention.layers.softmax import KVCache
-from primal_attention.models.transformer import TransformerStack
+from primal_attention.models.transformer import Activation, StackConfig
 from primal_attention.models.dropout import Dropout
 
 
-@dataclass
-class CausalLMConfig:
-    """Everything that defines a :class:`CausalLM`."""
+@dataclass(kw_only=True)
+class CausalLMConfig(StackConfig):
+    """Everything that defines a :class:`CausalLM`: the stack of :class:`StackConfig` (here D 512, H 8,
+    FFN 2048, five softmax layers and one causal primal layer, dropout 0.1) and the LM's own fields."""
 
     vocab_size: int
     max_seq_len: int = 512
@@ -30,12 +31,18 @@ class CausalLMConfig:
     num_heads: int = 8
     ffn_dim: int = 2048
     attention: list[str] = field(default_factory=lambda: ["softmax"] * 5 + ["primal"])
-    attention_options: dict[str, dict[str, Any]] = field(default_factory=dict)
     dropout: float = 0.1
     #: pre-norm blocks with a final LayerNorm (True) or post-norm (False, fairseq's transformer_lm).
     norm_first: bool = True
     #: FFN activation: "gelu" or "relu" (fairseq's transformer_lm).
-    activation: str = "gelu"
+    activation: Activation = "gelu"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for key in ("vocab_size", "max_seq_len"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < (2 if key == "vocab_size" else 1):
+                raise ValueError(f"CausalLMConfig: {key} must be a positive int (vocab_size >= 2), got {value!r}")
 
 
 class LMState(NamedTuple):
@@ -67,18 +74,7 @@ class CausalLM(nn.Module):
         self.pos = nn.Parameter(torch.zeros(c.max_seq_len, c.dim))
         nn.init.normal_(self.pos, std=0.02)
         self.drop = Dropout(c.dropout)
-        self.decoder = TransformerStack(
-            c.attention,
-            c.dim,
-            c.num_heads,
-            c.ffn_dim,
-            dropout=c.dropout,
-            causal=True,
-            max_seq_len=c.max_seq_len,
-            attention_options=c.attention_options,
-            norm_first=c.norm_first,
-            activation=c.activation,
-        )
+        self.decoder = c.stack(causal=True, max_seq_len=c.max_seq_len, norm_first=c.norm_first, activation=c.activation)
 
     def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
         """x: (B, N) int64 tokens, mask: (B, N) bool or None -> logits (B, N, vocab_size)."""

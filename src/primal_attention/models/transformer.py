@@ -8,7 +8,8 @@ e.g. ``attention_options={"primal": {"rank": 20, "rank_multi": 10}}``.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
@@ -17,6 +18,58 @@ from primal_attention.layers.registry import build_attention
 from primal_attention.models.dropout import Dropout
 
 ACTIVATIONS = {"gelu": nn.GELU, "relu": nn.ReLU}
+Activation = Literal["gelu", "relu"]
+
+
+@dataclass(kw_only=True)
+class StackConfig:
+    """What every model's Transformer stack shares, validated here once: width ``dim``, ``num_heads``,
+    ``ffn_dim``, one registered attention name per layer (``attention``; its length is the depth),
+    constructor options per attention name (``attention_options``, e.g. ``{"primal": {"rank": 30}}``),
+    and ``dropout`` (residual branches and the FFN). The model configs (classifier, ViT, causal LM,
+    Decision Transformer) extend it with their own fields and defaults."""
+
+    dim: int = 64
+    num_heads: int = 2
+    ffn_dim: int = 128
+    attention: list[str] = field(default_factory=lambda: ["primal", "primal"])
+    attention_options: dict[str, dict[str, Any]] = field(default_factory=dict)
+    dropout: float = 0.0
+
+    def __post_init__(self) -> None:
+        name = type(self).__name__
+        for key in ("dim", "num_heads", "ffn_dim"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"{name}: {key} must be a positive int, got {value!r}")
+        if self.dim % self.num_heads:
+            raise ValueError(f"{name}: dim {self.dim} is not divisible by num_heads {self.num_heads}")
+        if isinstance(self.attention, str) or not self.attention or not all(isinstance(a, str) for a in self.attention):
+            raise ValueError(f"{name}: attention must be a non-empty list of names, one per layer, got {self.attention!r}")
+        if not isinstance(self.attention_options, dict) or not all(isinstance(v, dict) for v in self.attention_options.values()):
+            raise ValueError(f"{name}: attention_options must map attention names to option dicts, "
+                             f"got {self.attention_options!r}")
+        for key in self._probabilities():
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
+                raise ValueError(f"{name}: {key} must be in [0, 1), got {value!r}")
+        activation = getattr(self, "activation", "gelu")
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"{name}: activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
+
+    def _probabilities(self) -> tuple[str, ...]:
+        """The fields that are probabilities (a model adds its own)."""
+        return tuple(k for k in ("dropout", "attention_dropout", "drop_path") if hasattr(self, k))
+
+    @property
+    def depth(self) -> int:
+        return len(self.attention)
+
+    def stack(self, **options: Any) -> "TransformerStack":
+        """The :class:`TransformerStack` of these fields; ``options`` add the model's own (causal,
+        max_seq_len, norm_first, activation, attention_dropout, ...) or replace a shared one."""
+        kw: dict[str, Any] = {"dropout": self.dropout, "attention_options": self.attention_options, **options}
+        return TransformerStack(self.attention, self.dim, self.num_heads, self.ffn_dim, **kw)
 
 
 class DropPath(nn.Module):

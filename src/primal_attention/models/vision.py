@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from primal_attention.layers.checks import check_dtype
 from primal_attention.models.dropout import Dropout
-from primal_attention.models.transformer import TransformerStack, hybrid_pattern
+from primal_attention.models.transformer import StackConfig, hybrid_pattern
 
 __all__ = ["ViTConfig", "VisionTransformer", "deit_small", "deit_tiny", "vit_cpu"]
 
@@ -37,7 +37,7 @@ def _positive_int(value: Any) -> bool:
 
 
 @dataclass(kw_only=True)
-class ViTConfig:
+class ViTConfig(StackConfig):
     """Everything that defines a :class:`VisionTransformer`.
 
     Data: num_classes, image_size (square images of image_size × image_size), in_channels.
@@ -57,8 +57,6 @@ class ViTConfig:
     num_heads: int = 3
     ffn_dim: int = 768
     attention: list[str] = field(default_factory=lambda: ["softmax"] * 12)
-    attention_options: dict[str, dict[str, Any]] = field(default_factory=dict)
-    dropout: float = 0.0
     attention_dropout: float = 0.0
     drop_path: float = 0.0
     qkv_bias: bool = True
@@ -66,27 +64,17 @@ class ViTConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.num_classes, int) or self.num_classes < 2:
             raise ValueError(f"ViTConfig: num_classes must be an int >= 2, got {self.num_classes!r}")
-        for name in ("image_size", "in_channels", "patch_size", "dim", "num_heads", "ffn_dim"):
+        for name in ("image_size", "in_channels", "patch_size"):
             if not _positive_int(getattr(self, name)):
                 raise ValueError(f"ViTConfig: {name} must be a positive int, got {getattr(self, name)!r}")
+        super().__post_init__()
         if self.image_size % self.patch_size:
             raise ValueError(f"ViTConfig: image_size {self.image_size} is not divisible by patch_size {self.patch_size}")
-        if self.dim % self.num_heads:
-            raise ValueError(f"ViTConfig: dim {self.dim} is not divisible by num_heads {self.num_heads}")
-        if isinstance(self.attention, str) or not self.attention or not all(isinstance(a, str) for a in self.attention):
-            raise ValueError(f"ViTConfig: attention must be a non-empty list of names, one per block, got {self.attention!r}")
-        for name in ("dropout", "attention_dropout", "drop_path"):
-            if not 0.0 <= getattr(self, name) < 1.0:
-                raise ValueError(f"ViTConfig: {name} must be in [0, 1), got {getattr(self, name)!r}")
         for kind, options in self.attention_options.items():
             clash = sorted(set(options) & set(_MODEL_SET))
             if clash:
                 raise ValueError(f"ViTConfig: attention_options[{kind!r}] sets {clash}; the model sets "
                                  f"them ({', '.join(_MODEL_SET[k] for k in clash)})")
-
-    @property
-    def depth(self) -> int:
-        return len(self.attention)
 
     @property
     def num_patches(self) -> int:
@@ -178,19 +166,9 @@ class VisionTransformer(nn.Module):
         self.cls_token = nn.Parameter(torch.zeros(1, 1, c.dim))
         self.pos_embed = nn.Parameter(torch.zeros(1, c.num_tokens, c.dim))
         self.pos_drop = Dropout(c.dropout)
-        self.encoder = TransformerStack(
-            c.attention,
-            c.dim,
-            c.num_heads,
-            c.ffn_dim,
-            dropout=c.dropout,
-            attention_dropout=c.attention_dropout,
-            norm_first=True,
-            final_norm=True,
-            max_seq_len=c.num_tokens,
-            attention_options=c.block_options(),
-            drop_path=c.drop_path_rates(),
-        )
+        self.encoder = c.stack(attention_dropout=c.attention_dropout, norm_first=True, final_norm=True,
+                               max_seq_len=c.num_tokens, attention_options=c.block_options(),
+                               drop_path=c.drop_path_rates())
         self.head = nn.Linear(c.dim, c.num_classes)
         self.apply(_deit_init)
         nn.init.trunc_normal_(self.pos_embed, std=0.02)

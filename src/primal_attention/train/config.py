@@ -11,7 +11,7 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 
@@ -73,7 +73,7 @@ def model_section(name: str, model_config: type, doc: str, derived: frozenset[st
     ]
     section = dataclasses.make_dataclass(
         name,
-        [("kind", str, field(default="primalformer")), ("layers", int, field(default=2)),
+        [("kind", Literal["transformer", "primalformer", "primal+"], field(default="primalformer")), ("layers", int, field(default=2)),
          ("attention", list[str] | None, field(default=None)), *own],
     )
     section.__module__, section.__doc__ = __name__, doc
@@ -111,18 +111,22 @@ dropout, activation, action_tanh). State / action sizes, the context and the epi
 from the data.""", derived=frozenset({"state_dim", "act_dim", "context", "max_ep_len"}))
 
 
+#: the ``model:`` section of any family (each family names its own: train/families).
+ModelSection = ModelConfig | VisionModelConfig | LMModelConfig | RLModelConfig
+
+
 @dataclass
 class OptimConfig:
     """Optimiser and schedule. name: radam | adam | adamw. schedule: constant | linear | cosine
     (one-cycle: linear warmup over ``warmup_steps``, then linear or cosine decay to 0) | inverse_sqrt
     (linear warmup, then lr · sqrt(warmup_steps / step), fairseq's)."""
 
-    name: str = "radam"
+    name: Literal["radam", "adam", "adamw"] = "radam"
     lr: float = 1e-3
     weight_decay: float = 0.0
     eps: float = 1e-8
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
-    schedule: str = "constant"
+    schedule: Literal["constant", "linear", "cosine", "inverse_sqrt"] = "constant"
     warmup_steps: int = 0
     clip_norm: float | None = 4.0
 
@@ -140,16 +144,16 @@ class TrainConfig:
     eval_every: int = 1
     eval_batch_size: int = 64
     eta: float = 0.0
-    ksvd_reduction: str = "sample"
+    ksvd_reduction: Literal["batch", "sample"] = "sample"
     #: "mean": task loss (a mean) + η·KSVD. "summed": η·KSVD is added to the batch's summed task loss
     #: and the total divided by its targets, as the authors' LM criterion (fairseq) does: η then
     #: weighs 1 / (targets per batch) of what it weighs under "mean".
-    ksvd_weighting: str = "mean"
-    ksvd_form: str = "authors"
+    ksvd_weighting: Literal["mean", "summed"] = "mean"
+    ksvd_form: Literal["authors", "paper"] = "authors"
     #: every k-th evaluation (0: never) also log each primal layer's distances to the exact KSVD
     #: solution of its kernel (docs/method.md §7) on the diagnostics batch, as ksvd_distance/* columns.
     ksvd_distances_every: int = 0
-    protocol: str = "authors"
+    protocol: Literal["authors", "holdout"] = "authors"
     #: holdout protocol: also evaluate TEST at every evaluation, so a run reports the authors'
     #: best-on-test figure beside the validation-selected one (selection still uses validation only).
     track_test: bool = False
@@ -171,7 +175,7 @@ class ExperimentConfig:
     name: str = "experiment"
     data: DataConfig = field(default_factory=DataConfig)
     #: :class:`ModelConfig` (classifier) or, for ``data.family: vision``, :class:`VisionModelConfig`.
-    model: Any = field(default_factory=ModelConfig)
+    model: ModelSection = field(default_factory=ModelConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
 
@@ -211,6 +215,11 @@ def _convert(value: Any, tp: Any, key: str) -> Any:
         if value is None:
             return None
         return _convert(value, args[0], key)
+    if origin is typing.Literal:
+        choices = typing.get_args(tp)
+        if value not in choices or isinstance(value, bool) != isinstance(choices[0], bool):
+            raise ConfigError(f"{key}: expected one of {', '.join(map(str, choices))}, got {value!r}")
+        return value
     if dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
             raise ConfigError(f"{key}: expected a mapping, got {type(value).__name__}")
