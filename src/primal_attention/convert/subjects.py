@@ -150,6 +150,9 @@ class RunSubject(Subject):
         path = Path(path)
         if path.suffix in (".yaml", ".yml"):
             raise ConvertError(f"{path} is a config, not a trained run; train it first with primal train")
+        seeds = sorted(p.name for p in path.glob("seed_*") if (p / "config.yaml").is_file()) if path.is_dir() else []
+        if seeds and not (path / "config.yaml").is_file():
+            raise ConvertError(f"{path} holds the runs {', '.join(seeds)}; give one of them, e.g. {path / seeds[0]}")
         try:
             run = load_run(path)
         except CheckpointError as err:
