@@ -144,8 +144,9 @@ def run(args: argparse.Namespace) -> int:
                 import transformers  # noqa: F401
             except ImportError:
                 raise ConvertError("--hf needs transformers: pip install 'primal-attention[hf]'") from None
+            model = _hf_model(args)
             train_ids, val_ids = _token_blocks(args)
-            subject = HFSubject(_hf_model(args), train_ids, val_ids, source=str(args.hf))
+            subject = HFSubject(model, train_ids, val_ids, source=str(args.hf))
         else:
             subject = RunSubject(args.run)
         if args.overwrite and out.exists():
@@ -164,5 +165,6 @@ def run(args: argparse.Namespace) -> int:
         rows.append((f"transfer ({report['transfer']['steps']} steps)", report["transfer"]))
     rows.append((f"final ({report['final']['weights']})", report["final"]))
     for name, r in rows:
-        print(f"  {name:40s} val: {_fmt(r.get('val'), keys):40s} test: {_fmt(r.get('test'), keys)}")
+        test = f" test: {_fmt(r['test'], keys)}" if r.get("test") else ""
+        print(f"  {name:40s} val: {_fmt(r.get('val'), keys):40s}{test}")
     return 0

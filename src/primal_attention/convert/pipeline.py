@@ -222,7 +222,8 @@ class Conversion:
         optimizer, scheduler = make_opt(state["done"][stage])
         if state.get("stage") == stage and state.get("optimizer") is not None:
             optimizer.load_state_dict(state["optimizer"])
-            scheduler.load_state_dict(state["scheduler"])
+            if scheduler is not None:
+                scheduler.load_state_dict(state["scheduler"])
             torch.set_rng_state(state["rng"])
         state["stage"] = stage
         bar = self._bar(total, state["done"][stage], stage)
