@@ -80,6 +80,10 @@ class Subject(ABC):
         """Whether a module of :meth:`attention_modules` is already a primal layer."""
 
     @abstractmethod
+    def is_softmax(self, module: nn.Module) -> bool:
+        """Whether a module of :meth:`attention_modules` is a softmax layer this subject can convert."""
+
+    @abstractmethod
     def convert(self, layers: list[int], options: dict[str, Any]) -> nn.Module:
         """A copy of the original with ``layers`` primal, initialised from the softmax layers they replace."""
 
@@ -117,13 +121,17 @@ class Subject(ABC):
     def check_layers(self, layers: str | int | Sequence[int]) -> list[int]:
         """Resolve ``layers``; ConvertError if one of them is already primal or none is softmax."""
         modules = self.attention_modules(self.original)
-        if all(self.is_primal(m) for m in modules):
-            raise ConvertError("the model has no softmax attention layers to convert (every layer is primal)")
+        if not any(self.is_softmax(m) for m in modules):
+            kinds = sorted({"primal" if self.is_primal(m) else type(m).__name__ for m in modules})
+            raise ConvertError(f"the model has no softmax attention layers to convert (its layers: {', '.join(kinds)})")
         chosen = resolve_layers(layers, len(modules))
-        primal = [i for i in chosen if self.is_primal(modules[i])]
-        if primal:
-            raise ConvertError(f"layer {primal[0]} is already primal; choose among the softmax layers "
-                               f"{[i for i, m in enumerate(modules) if not self.is_primal(m)]}")
+        softmax = [i for i, m in enumerate(modules) if self.is_softmax(m)]
+        for i in chosen:
+            if self.is_primal(modules[i]):
+                raise ConvertError(f"layer {i} is already primal; choose among the softmax layers {softmax}")
+            if i not in softmax:
+                raise ConvertError(f"layer {i} is {type(modules[i]).__name__}, not softmax attention; only softmax "
+                                   f"layers are converted (here: {softmax})")
         return chosen
 
 
@@ -173,6 +181,11 @@ class RunSubject(Subject):
 
     def is_primal(self, module: nn.Module) -> bool:
         return isinstance(module, PrimalAttention)
+
+    def is_softmax(self, module: nn.Module) -> bool:
+        from primal_attention.layers.softmax import SoftmaxAttention
+
+        return isinstance(module, SoftmaxAttention)
 
     def converted_config(self, layers: list[int], options: dict[str, Any]):
         """The run's config with ``layers`` primal: an explicit ``model.attention`` list, and the primal
@@ -306,6 +319,9 @@ class HFSubject(Subject):
         from primal_attention.hf.attention import PrimalSelfAttention
 
         return isinstance(module, PrimalSelfAttention)
+
+    def is_softmax(self, module: nn.Module) -> bool:
+        return self.family.is_self_attention(module)
 
     def convert(self, layers: list[int], options: dict[str, Any]) -> nn.Module:
         from primal_attention.hf import primalize
