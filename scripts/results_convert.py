@@ -73,7 +73,8 @@ def tasks(args: argparse.Namespace) -> dict[str, Task]:
                    {"last": "configs/lm/corpora_primal+.yaml", "all": "configs/lm/corpora_primalformer.yaml"},
                    "bpb", False, args.transfer_steps, args.finetune_steps, args.eval_every, lm_sets,
                    published={"last": "docs/results/lm_runs/corpora_primal+",
-                              "all": "docs/results/lm_runs/corpora_primalformer"} if not args.set else {}),
+                              "all": "docs/results/lm_runs/corpora_primalformer",
+                              "original": "docs/results/lm_runs/corpora_transformer"} if not args.set else {}),
         "uea": Task("uea", "Classifier (UEA JapaneseVowels, non-causal)", "configs/uea/JapaneseVowels_transformer.yaml",
                     {"last": "configs/uea/JapaneseVowels_primal+.yaml", "all": "configs/uea/JapaneseVowels_primalformer.yaml"},
                     "acc", True, args.uea_transfer_steps, args.uea_finetune_steps, args.uea_eval_every, uea_sets),
@@ -233,9 +234,12 @@ class Study:
     def _task_section(self, task: Task, missing: list[str]) -> list[str]:
         m = task.metric
         unit = {"bpb": "bits/byte", "acc": "accuracy"}[m]
+        done = [r for layers in LAYERS for r in self._stored(task, f"{layers}_transfer_finetune")]
+        t, f = (done[0]["settings"]["transfer_steps"], done[0]["settings"]["finetune_steps"]) if done else \
+            (task.transfer_steps, task.finetune_steps)  # the stored runs' schedule wins over the arguments
         lines = [f"## {task.title}", "",
-                 f"Original: `{task.original}` ({', '.join(task.overrides) or 'as committed'}); T = {task.transfer_steps} "
-                 f"transfer steps, F = {task.finetune_steps} fine-tuning steps.", ""]
+                 f"Original: `{task.original}` ({', '.join(task.overrides) or 'as committed'}); T = {t} "
+                 f"transfer steps, F = {f} fine-tuning steps.", ""]
         head = f"| model | n | test {unit} | test ppl | kept vs original | beats scratch (same steps)? | steps | CPU s |"
         if m == "acc":
             head = head.replace(" test ppl |", "")
@@ -266,6 +270,14 @@ class Study:
             cells += [kept, beats, steps, value_cell(cpu, 0) if cpu else "–"]
             return "| " + " | ".join(cells) + " |"
 
+        if originals and task.published.get("original"):
+            # lm.md's runs keep no weights: the originals here are retrained with the same config and seeds.
+            pub = {r["seed"]: r for r in (json.loads(p.read_text()) for p in
+                                          sorted((ROOT / task.published["original"]).glob("seed_*.json")))}
+            pairs = [(r[f"test_{m}"], pub[r["seed"]][f"test_{m}"]) for r in originals if r["seed"] in pub]
+            if pairs:
+                lines[-2:-2] = [f"The originals were retrained here from the config of lm.md; test {unit} of each seed "
+                                "here vs lm.md: " + ", ".join(f"{a:.4f} vs {b:.4f}" for a, b in pairs) + ".", ""]
         lines.append(row("original (softmax)", [r[f"test_{m}"] for r in originals],
                          [r.get("test_ppl", 0) for r in originals],
                          f"{originals[0]['steps']} (its training)" if originals else "–",
@@ -292,12 +304,12 @@ class Study:
 
             lines.append(f"| **{label}** | | | {'| ' if m != 'acc' else ''}| | | |")
             lines.append(row("swap only", stage(full, "swap"), ppl(full, "swap"), "0", [], scratch_values))
-            lines.append(row(ARMS["finetune"], stage(plain, "final"), ppl(plain, "final"), f"F = {task.finetune_steps}",
+            lines.append(row(ARMS["finetune"], stage(plain, "final"), ppl(plain, "final"), f"F = {f}",
                              cost(plain, ("finetune",)), scratch_values))
-            lines.append(row(ARMS["transfer"], stage(full, "transfer"), ppl(full, "transfer"), f"T = {task.transfer_steps}",
+            lines.append(row(ARMS["transfer"], stage(full, "transfer"), ppl(full, "transfer"), f"T = {t}",
                              cost(full, ("transfer",)), scratch_values))
             lines.append(row(ARMS["transfer_finetune"], stage(full, "final"), ppl(full, "final"),
-                             f"T + F = {task.transfer_steps + task.finetune_steps}", cost(full, ("transfer", "finetune")),
+                             f"T + F = {t + f}", cost(full, ("transfer", "finetune")),
                              scratch_values))
             total = f"{scratch[0]['steps']} (all from scratch)" if scratch else "–"
             lines.append(row("scratch, same total steps", scratch_values, [r.get("test_ppl", 0) for r in scratch], total,

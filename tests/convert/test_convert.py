@@ -191,7 +191,7 @@ def _tiny_gpt2(folder: Path) -> torch.Tensor:
     return ids
 
 
-def test_hf_gpt2_converts_generates_and_round_trips(tmp_path) -> None:
+def test_hf_gpt2_converts_generates_and_round_trips(tmp_path, capsys) -> None:
     pytest.importorskip("transformers")
     from transformers import GPT2LMHeadModel
 
@@ -216,6 +216,10 @@ def test_hf_gpt2_converts_generates_and_round_trips(tmp_path) -> None:
     cached = model.generate(prompt, max_new_tokens=8, do_sample=False, use_cache=True)
     uncached = model.generate(prompt, max_new_tokens=8, do_sample=False, use_cache=False)
     assert torch.equal(cached, uncached)
+    # The converted folder is itself an HF model with no softmax layer left to convert.
+    assert main(["convert", "--hf", str(out / "model"), "--hf-class", "GPT2LMHeadModel", "--hf-data",
+                 str(tmp_path / "ids.pt"), "--out", str(tmp_path / "again"), "--no-progress"]) == 2
+    assert "no softmax attention layers to convert (its layers: primal)" in capsys.readouterr().err
 
 
 def test_hf_api_refuses_an_encoder(tmp_path) -> None:
