@@ -252,3 +252,49 @@ def test_bad_input_gives_one_line_errors(lm_run, tmp_path, capsys) -> None:
     assert "no softmax attention layers" in error(str(conv), "--out", out)
     assert "different conversion" in error(str(lm_run), "--layers", "last", "--out", str(conv))
     assert "not a conversion" in error(str(lm_run), "--out", str(lm_run))
+
+
+def test_hf_text_data_is_tokenised_with_the_folders_tokenizer(tmp_path, capsys) -> None:
+    pytest.importorskip("transformers")
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
+
+    folder = tmp_path / "gpt2"
+    vocab = {w: i for i, w in enumerate(["[UNK]", *WORDS])}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]").save_pretrained(folder)
+    torch.manual_seed(0)
+    GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=16, n_head=2, vocab_size=len(vocab), n_positions=32)).save_pretrained(folder)
+    (tmp_path / "corpus.txt").write_text(_text(0, 80))
+    assert main(["convert", "--hf", str(folder), "--hf-data", str(tmp_path / "corpus.txt"), "--hf-seq-len", "16",
+                 "--layers", "last", "--transfer-steps", "3", "--set", "primal.rank=4", "--out", str(tmp_path / "conv"),
+                 "--no-progress"]) == 0
+    report = json.loads((tmp_path / "conv" / "report.json").read_text())
+    assert report["settings"]["source"]["block_len"] == 16 and report["primal_layers"] == [1]
+    (tmp_path / "short.txt").write_text("the lord")
+    assert main(["convert", "--hf", str(folder), "--hf-data", str(tmp_path / "short.txt"), "--out",
+                 str(tmp_path / "x"), "--no-progress"]) == 2
+    assert "fewer than two blocks" in capsys.readouterr().err
+
+
+def test_ctrl_c_keeps_the_last_checkpoint_and_a_rerun_finishes_identically(lm_run, tmp_path, monkeypatch) -> None:
+    from primal_attention.convert import Interrupted, pipeline
+
+    options = dict(layers="all", transfer_steps=8, **QUICK)
+    straight = convert_run(lm_run, tmp_path / "a", ConvertOptions(**options))
+    real, calls = pipeline.all_at_once_loss, []
+
+    def interrupting(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 7:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(pipeline, "all_at_once_loss", interrupting)
+    with pytest.raises(Interrupted, match="interrupted in transfer at step 6; .* checkpoint ckpt-00000005"):
+        convert_run(lm_run, tmp_path / "b", ConvertOptions(**options))
+    monkeypatch.setattr(pipeline, "all_at_once_loss", real)
+    resumed = convert_run(lm_run, tmp_path / "b", ConvertOptions(**options))  # continues from the step-5 checkpoint
+    assert resumed["transfer"]["layer_error"] == straight["transfer"]["layer_error"]
+    assert resumed["final"] == straight["final"]

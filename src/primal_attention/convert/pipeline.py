@@ -265,8 +265,9 @@ class Conversion:
         except KeyboardInterrupt:
             account()
             self._write_report(state)
+            kept = latest_checkpoint(self.out / "checkpoints")
             raise Interrupted(f"interrupted in {stage} at step {state['done'][stage]}; run the same command again "
-                              "to continue") from None
+                              f"to continue from the checkpoint {kept.name if kept else '(none yet)'}") from None
         finally:
             if bar is not None:
                 bar.close()
