@@ -250,6 +250,9 @@ def test_bad_input_gives_one_line_errors(lm_run, tmp_path, capsys) -> None:
     conv = tmp_path / "conv"
     convert_run(lm_run, conv, ConvertOptions(layers="all", **QUICK))
     assert "no softmax attention layers" in error(str(conv), "--out", out)
+    last = tmp_path / "last"
+    convert_run(lm_run, last, ConvertOptions(layers="last", **QUICK))
+    assert "layer 1 is already primal; choose among the softmax layers [0]" in error(str(last), "--layers", "1", "--out", out)
     assert "different conversion" in error(str(lm_run), "--layers", "last", "--out", str(conv))
     assert "not a conversion" in error(str(lm_run), "--out", str(lm_run))
 
