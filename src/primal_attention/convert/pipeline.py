@@ -22,6 +22,7 @@ import math
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -215,9 +216,13 @@ class Conversion:
 
         return tqdm(total=total, initial=initial, desc=desc, dynamic_ncols=True)
 
-    def _loop(self, state: dict[str, Any], stage: str, total: int, step_fn, make_opt, after_step=None) -> None:
-        """Shared loop of both stages: steps from ``done[stage]`` to ``total``, timing, losses,
-        checkpoints, Ctrl-C."""
+    def _loop(self, state: dict[str, Any], stage: str, total: int, loss_at: Callable[[int], tuple[Tensor, Tensor, dict]],
+              make_opt: Callable[[int], tuple], renew: Callable[[int], bool] = lambda step: False,
+              after_step: Callable[[int], None] | None = None) -> None:
+        """The loop of both stages, from ``done[stage]`` to ``total`` steps: ``loss_at(step)`` gives
+        (loss to minimise, the loss to report, extra values to log); ``make_opt(step)`` gives a fresh
+        (optimiser, scheduler or None), again wherever ``renew(step)``. Timing, loss curve,
+        checkpoints and Ctrl-C are handled here."""
         entry = state["report"].setdefault(stage, {"steps": 0, "cpu_s": 0.0, "wall_s": 0.0, "losses": []})
         optimizer, scheduler = make_opt(state["done"][stage])
         if state.get("stage") == stage and state.get("optimizer") is not None:
@@ -227,6 +232,7 @@ class Conversion:
             torch.set_rng_state(state["rng"])
         state["stage"] = stage
         bar = self._bar(total, state["done"][stage], stage)
+        log_every = max(1, min(self.o.checkpoint_every, total // 20))
         cpu0, wall0, running = time.process_time(), time.perf_counter(), []
 
         def account() -> None:
@@ -238,22 +244,27 @@ class Conversion:
         try:
             while state["done"][stage] < total:
                 step = state["done"][stage]
-                replaced = make_opt(step, current=optimizer)
-                if replaced is not None:
-                    optimizer, scheduler = replaced
-                loss, parts = step_fn(step)
-                if not math.isfinite(loss):
-                    raise ConvertError(f"{stage}: non-finite loss at step {step + 1}; last checkpoint kept in {self.out}")
-                running.append(loss)
-                state["done"][stage] = entry["steps"] = step + 1
+                if renew(step):
+                    optimizer, scheduler = make_opt(step)
+                objective, reported, parts = loss_at(step)
+                value = float(reported.detach())
+                if not (math.isfinite(value) and math.isfinite(float(objective.detach()))):
+                    kept = latest_checkpoint(self.out / "checkpoints")
+                    raise ConvertError(f"{stage}: non-finite loss at step {step + 1}; stopped, last good checkpoint "
+                                       f"kept: {kept}")
+                optimizer.zero_grad(set_to_none=True)
+                objective.backward()
+                optimizer.step()
                 if scheduler is not None:
                     scheduler.step()
+                running.append(value)
+                state["done"][stage] = entry["steps"] = step + 1
                 if bar is not None:
                     bar.update(1)
-                    bar.set_postfix(loss=f"{loss:.4f}")
-                log_every = max(1, min(self.o.checkpoint_every, total // 20 or 1))
+                    bar.set_postfix(loss=f"{value:.4f}")
                 if (step + 1) % log_every == 0 or step + 1 == total:
-                    entry["losses"].append({"step": step + 1, "loss": sum(running) / len(running), **parts})
+                    entry["losses"].append({"step": step + 1, "loss": sum(running) / len(running),
+                                            **{k: float(v) for k, v in parts.items()}})
                     running = []
                 if after_step is not None:
                     after_step(step + 1)
@@ -280,51 +291,33 @@ class Conversion:
         s, o = self.subject, self.o
         modules = s.attention_modules(self.student)
         per_layer = o.transfer_steps
-        total = per_layer * (len(self.layers) if o.transfer_mode == "layer" else 1)
+        by_layer = o.transfer_mode == "layer"
+        total = per_layer * (len(self.layers) if by_layer else 1)
         self.student.eval()  # targets come from the eval-mode original; no dropout in either
 
         def layer_at(step: int) -> int:
             return self.layers[step // per_layer]
 
-        def trainable(step: int) -> list[nn.Parameter]:
-            chosen = [layer_at(step)] if o.transfer_mode == "layer" else self.layers
-            return [p for i in chosen for p in modules[i].parameters()]
-
-        def make_opt(step: int, current=None):
-            if current is not None and not (o.transfer_mode == "layer" and step % per_layer == 0 and step > 0):
-                return None
-            params = trainable(step)
+        def make_opt(step: int) -> tuple:
+            params = [p for i in ([layer_at(step)] if by_layer else self.layers) for p in modules[i].parameters()]
             _frozen_except(self.student, params)
-            opt = torch.optim.Adam(params, lr=o.transfer_lr)
-            return opt, None
+            return torch.optim.Adam(params, lr=o.transfer_lr), None
 
-        holder: dict[str, Any] = {}
-
-        def make(step: int, current=None):
-            made = make_opt(step, current)
-            if made is not None:
-                holder["opt"] = made[0]
-            return made
-
-        def step_fn(step: int) -> tuple[float, dict[str, float]]:
+        def loss_at(step: int) -> tuple[Tensor, Tensor, dict]:
             batch = s.batch(step, self.batch_size, self.seed)
-            if o.transfer_mode == "layer":
+            if by_layer:
                 errors = {layer_at(step): in_model_loss(s, self.student, batch, layer_at(step))}
             else:
                 errors = all_at_once_loss(s, self.student, batch, self.layers)
             mse = sum(errors.values()) / len(errors)
             reg = ksvd_loss(self.student) if o.eta > 0 else torch.zeros(())
-            loss = mse + o.eta * reg
-            holder["opt"].zero_grad(set_to_none=True)
-            loss.backward()
-            holder["opt"].step()
-            return float(mse.detach()), {"ksvd": float(reg.detach())}
+            return mse + o.eta * reg, mse, {"ksvd": reg.detach()}
 
-        self._loop(state, "transfer", total, step_fn, make)
+        self._loop(state, "transfer", total, loss_at, make_opt,
+                   renew=lambda step: by_layer and step > 0 and step % per_layer == 0)
         self.student.requires_grad_(True)
-        if state["done"]["transfer"] >= total:
-            state["report"]["transfer"].update(mode=o.transfer_mode, **self._metrics(self.student), **self._errors())
-            self._checkpoint(state)
+        state["report"]["transfer"].update(mode=o.transfer_mode, **self._metrics(self.student), **self._errors())
+        self._checkpoint(state)
 
     def _finetune(self, state: dict[str, Any]) -> None:
         s, o = self.subject, self.o
@@ -334,31 +327,17 @@ class Conversion:
                                                          "evaluations": []})
         entry["part"] = o.finetune
 
-        def make(step: int, current=None):
-            if current is not None:
-                return None
+        def make_opt(step: int) -> tuple:
             _frozen_except(self.student, params)
             opt = torch.optim.AdamW(params, lr=o.finetune_lr, weight_decay=o.weight_decay)
             return opt, _schedule(opt, o.warmup_steps, total)
 
-        holder: dict[str, Any] = {}
-
-        def make_and_keep(step: int, current=None):
-            made = make(step, current)
-            if made is not None:
-                holder["opt"] = made[0]
-            return made
-
-        def step_fn(step: int) -> tuple[float, dict[str, float]]:
+        def loss_at(step: int) -> tuple[Tensor, Tensor, dict]:
             self.student.train()
             batch = s.batch(step, self.batch_size, self.seed + 1)
             task = s.task_loss(s.forward(self.student, batch), batch)
             reg = ksvd_loss(self.student) if o.eta > 0 else torch.zeros(())
-            loss = task + o.eta * reg
-            holder["opt"].zero_grad(set_to_none=True)
-            loss.backward()
-            holder["opt"].step()
-            return float(task.detach()), {"ksvd": float(reg.detach())}
+            return task + o.eta * reg, task, {"ksvd": reg.detach()}
 
         def after_step(step: int) -> None:
             if step % o.eval_every and step != total:
@@ -373,7 +352,7 @@ class Conversion:
                 state["best"] = {"step": step, "score": score}
                 state["best_weights"] = {k: v.detach().cpu().clone() for k, v in self.student.state_dict().items()}
 
-        self._loop(state, "finetune", total, step_fn, make_and_keep, after_step)
+        self._loop(state, "finetune", total, loss_at, make_opt, after_step=after_step)
         self.student.requires_grad_(True)
 
     def _finish(self, state: dict[str, Any]) -> None:
