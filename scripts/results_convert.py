@@ -22,6 +22,12 @@ written from the stored JSON only, and lists what is missing. Decode memory and 
 those of the architectures (docs/results/lm/decode.json, measured by ``primal bench --level decode``;
 ``--decode`` measures them again into docs/results/convert/decode.json).
 
+Cost (estimated from measured step times, one thread): about 3.5 CPU hours. LM ≈ 2.7 h: per seed the
+original ≈ 620 s (its 1 500 steps, lm.md), the four conversions ≈ 880 s (a transfer step ≈ 0.12 s, a
+fine-tuning step ≈ 0.3 s, an evaluation of val + test ≈ 25 s), the two 2 100-step scratch runs ≈ 1 720 s.
+JapaneseVowels ≈ 0.8 h (D 512: ≈ 0.45 s per step with its evaluations). ``--tasks lm`` and ``--tasks uea``
+store into different folders and can run as two processes at once.
+
     .venv/bin/python scripts/results_convert.py                 # the whole grid, then the page
     .venv/bin/python scripts/results_convert.py --table-only    # rewrite the page from stored runs
     .venv/bin/python scripts/results_convert.py --tasks uea     # only the classifier part

@@ -165,8 +165,15 @@ def test_classifier_run_converts_on_the_non_causal_path(tmp_path) -> None:
                          ConvertOptions(layers="last", transfer_steps=10, finetune_steps=6, finetune="primal",
                                         primal={"rank": 4}, progress=False, eval_every=3))
     assert set(report["final"]["test"]) >= {"acc", "loss"} and report["final"]["val"] is not None
-    layers = [m for m in load_run(tmp_path / "conv").model.modules() if isinstance(m, PrimalAttention)]
+    converted, original = load_run(tmp_path / "conv").model, load_run(tmp_path / "run" / "seed_0").model
+    layers = [m for m in converted.modules() if isinstance(m, PrimalAttention)]
     assert len(layers) == 1 and not layers[0].causal
+    # finetune="primal": only the new layer and the norms trained; feed-forward weights are the original's.
+    new, old = converted.encoder.blocks, original.encoder.blocks
+    assert torch.equal(new[1].ffn[0].weight, old[1].ffn[0].weight) and torch.equal(new[0].attn.v_proj.weight,
+                                                                                     old[0].attn.v_proj.weight)
+    assert not torch.equal(new[1].norm1.weight, old[1].norm1.weight)
+    assert not torch.equal(new[1].attn.q_proj.weight, old[1].attn.q_proj.weight)
     assert report["transfer"]["layer_error"]["isolated"]["1"] < report["swap"]["layer_error"]["isolated"]["1"]
 
 
