@@ -308,3 +308,18 @@ def test_ctrl_c_keeps_the_last_checkpoint_and_a_rerun_finishes_identically(lm_ru
     resumed = convert_run(lm_run, tmp_path / "b", ConvertOptions(**options))  # continues from the step-5 checkpoint
     assert resumed["transfer"]["layer_error"] == straight["transfer"]["layer_error"]
     assert resumed["final"] == straight["final"]
+
+
+def test_hf_llama_with_rope_and_grouped_keys_converts_layer_by_layer(tmp_path) -> None:
+    pytest.importorskip("transformers")
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(num_hidden_layers=2, hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
+                                         intermediate_size=64, vocab_size=40, max_position_embeddings=64))
+    blocks = torch.randint(0, 40, (48, 16), generator=torch.Generator().manual_seed(1))
+    report = convert_hf(model, blocks, tmp_path / "conv", ConvertOptions(
+        layers="all", transfer_steps=15, transfer_mode="layer", transfer_lr=3e-3, **QUICK))
+    for layer in ("0", "1"):
+        assert report["transfer"]["layer_error"]["in_model"][layer] < report["swap"]["layer_error"]["in_model"][layer]
+    assert report["final"]["val"]["ppl"] > 1 and report["final"]["test"] is None  # HF data has no test split
