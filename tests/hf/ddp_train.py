@@ -1,4 +1,4 @@
-"""One PrimalTrainer step on a tiny primalized GPT-2, for tests/hf/test_trainer.py::test_ddp_*.
+"""One PrimalTrainer step on a tiny primalized GPT-2, for tests/hf/test_hf_trainer.py::test_ddp_*.
 
 python ddp_train.py OUT PER_DEVICE_BATCH   (or under torchrun --nproc_per_node 2): trains one step on
 the same 4 rows (the global batch) and, on rank 0, saves every parameter before and after the step
