@@ -18,7 +18,7 @@ from primal_attention.cli import main
 from primal_attention.convert import ConvertError, ConvertOptions, convert_hf, convert_run, resolve_layers
 from primal_attention.train.config import load_config
 from primal_attention.train.run import load_lm_run, load_run
-from primal_attention.train.tasks import evaluate
+from primal_attention.train.tasks import LANGUAGE_MODEL, evaluate
 from primal_attention.train.trainer import run_seeds
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -87,7 +87,7 @@ def test_cli_converts_an_lm_run_end_to_end(lm_run, tmp_path) -> None:
     assert run.cfg.model.attention == ["primal", "primal"]
     assert run.weights == "best"
     assert all(isinstance(b.attn, PrimalAttention) and b.attn.causal for b in run.model.decoder.blocks)
-    test = evaluate(run.model, run.splits.test, 32, run.device)
+    test = evaluate(run.model, run.splits.test, 32, run.device, LANGUAGE_MODEL)
     assert test["loss"] == pytest.approx(report["final"]["test"]["loss"], rel=1e-6)
 
 

@@ -171,7 +171,8 @@ class Conversion:
         full = {k: v for k, v in state.items() if k != "best_weights"}
         full["rng"] = torch.get_rng_state()
         step = state["done"]["transfer"] + state["done"]["finetune"]
-        save_checkpoint(self.out / "checkpoints", step, self.student, full, state.get("best_weights"))
+        save_checkpoint(self.out / "checkpoints", step, self.student, full, state.get("best_weights"),
+                        config=self.subject.checkpoint_config(self.layers, self.o.primal))
         (self.out / "report.json").write_text(json.dumps(self._report(state), indent=2))
 
     def _report(self, state: dict[str, Any]) -> dict[str, Any]:

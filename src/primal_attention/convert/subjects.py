@@ -115,6 +115,10 @@ class Subject(ABC):
     def describe(self) -> dict[str, Any]:
         """What identifies the source (for the report and for checking a resumed conversion)."""
 
+    def checkpoint_config(self, layers: list[int], options: dict[str, Any]) -> dict[str, Any] | None:
+        """The config recorded in the converted model's checkpoints (None: nothing to record)."""
+        return None
+
     def layer_count(self) -> int:
         return len(self.attention_modules(self.original))
 
@@ -152,8 +156,8 @@ class RunSubject(Subject):
 
     def __init__(self, path: str | Path) -> None:
         from primal_attention.train.checkpoint import CheckpointError
+        from primal_attention.train.families import get_family
         from primal_attention.train.run import load_run
-        from primal_attention.train.tasks import task_for
 
         path = Path(path)
         if path.suffix in (".yaml", ".yml"):
@@ -170,7 +174,7 @@ class RunSubject(Subject):
         self.splits = run.splits
         self.device = run.device
         self.original = run.model.eval().requires_grad_(False)
-        self.task = task_for(run.splits.train)
+        self.task = get_family(run.cfg.data.family).task
         self.select, self.maximize, self.reported = self.task.select, self.task.maximize, self.task.reported
         self.default_batch_size, self.default_seed = self.cfg.train.batch_size, self.cfg.train.seed
 
@@ -192,7 +196,7 @@ class RunSubject(Subject):
         options on top of the run's own ``attention_options.primal``."""
         import dataclasses
 
-        from primal_attention.train.data import attention_pattern
+        from primal_attention.train.families.base import attention_pattern
 
         pattern = attention_pattern(self.cfg)
         for i in layers:
@@ -241,17 +245,20 @@ class RunSubject(Subject):
         return self.task.loss(output, batch)
 
     def evaluate(self, model: nn.Module, split: str) -> dict[str, float] | None:
-        from primal_attention.train.tasks import evaluate
-
         data = getattr(self.splits, split)
         if data is None:
             return None
-        return evaluate(model, data, self.cfg.train.eval_batch_size, self.device)
+        return self.task.evaluate(model, data, self.cfg.train.eval_batch_size, self.device)
 
     def eval_batches(self, split: str, limit: int) -> list[Any]:
         data = getattr(self.splits, split) or self.splits.train
         size, bs = min(limit, len(data)), self.cfg.train.eval_batch_size
         return [data.batch(torch.arange(s, min(s + bs, size))).to(self.device) for s in range(0, size, bs)]
+
+    def checkpoint_config(self, layers: list[int], options: dict[str, Any]) -> dict[str, Any] | None:
+        from primal_attention.train.config import config_to_dict
+
+        return config_to_dict(self.converted_config(layers, options))
 
     def save(self, model: nn.Module, out: Path, layers: list[int], options: dict[str, Any]) -> None:
         from primal_attention.train.config import dump_config
