@@ -323,3 +323,23 @@ def test_hf_llama_with_rope_and_grouped_keys_converts_layer_by_layer(tmp_path) -
     for layer in ("0", "1"):
         assert report["transfer"]["layer_error"]["in_model"][layer] < report["swap"]["layer_error"]["in_model"][layer]
     assert report["final"]["val"]["ppl"] > 1 and report["final"]["test"] is None  # HF data has no test split
+
+
+def test_rerunning_a_finished_hf_conversion_keeps_the_selected_weights(tmp_path) -> None:
+    pytest.importorskip("transformers")
+    from transformers import GPT2LMHeadModel
+
+    from primal_attention import hf
+
+    ids = _tiny_gpt2(tmp_path / "gpt2")
+    options = dict(layers="last", transfer_steps=3, finetune_steps=6, **{**QUICK, "eval_every": 2})
+    model = GPT2LMHeadModel.from_pretrained(tmp_path / "gpt2")
+    first = convert_hf(model, ids[:224], tmp_path / "conv", ConvertOptions(**options), val_ids=ids[224:])
+    saved = (tmp_path / "conv" / "model" / "model.safetensors").read_bytes()
+    again = convert_hf(model, ids[:224], tmp_path / "conv", ConvertOptions(**options), val_ids=ids[224:])
+    assert again["final"] == first["final"]
+    assert (tmp_path / "conv" / "model" / "model.safetensors").read_bytes() == saved
+    loaded = hf.from_pretrained(GPT2LMHeadModel, tmp_path / "conv" / "model")
+    with torch.no_grad():
+        loss = loaded(input_ids=ids[224:], labels=ids[224:]).loss.item()
+    assert loss == pytest.approx(first["final"]["val"]["loss"], rel=1e-5)

@@ -185,8 +185,9 @@ class Conversion:
         self.out.mkdir(parents=True, exist_ok=True)
         state = self._check_resume()
         (self.out / "convert.json").write_text(json.dumps(self.settings, indent=2))
-        self.subject.save(self.student, self.out, self.layers, self.o.primal)
         if state is None:
+            # A run's folder is loadable from the start (config.yaml); the final weights are saved by _finish.
+            self.subject.save(self.student, self.out, self.layers, self.o.primal)
             state = {"done": {"transfer": 0, "finetune": 0}, "report": {}, "best": None, "best_weights": None,
                      "stage": None, "optimizer": None, "scheduler": None}
             report = state["report"]

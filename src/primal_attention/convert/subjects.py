@@ -269,8 +269,8 @@ class RunSubject(Subject):
             shutil.copyfile(tokenizer, out / "tokenizer.json")
 
     def describe(self) -> dict[str, Any]:
-        return {"kind": "run", "source": str(self.run.source), "config": self.cfg.name,
-                "checkpoint": str(self.run.checkpoint), "weights": self.run.weights}
+        return {"kind": "run", "source": str(Path(self.run.source).resolve()), "config": self.cfg.name,
+                "checkpoint": str(Path(self.run.checkpoint).resolve()), "weights": self.run.weights}
 
 
 class HFSubject(Subject):
@@ -314,7 +314,7 @@ class HFSubject(Subject):
         self.device = next(model.parameters()).device
         self.original = model.eval().requires_grad_(False)
         self.train_ids, self.val_ids = train_ids, val_ids
-        self.source = source
+        self.source = str(Path(source).resolve()) if Path(source).exists() else source
         self.reported = ("loss", "ppl")
 
     def attention_modules(self, model: nn.Module) -> list[nn.Module]:
