@@ -162,9 +162,15 @@ def run(args: argparse.Namespace) -> int:
     print(f"converted layers {report['primal_layers']} -> {out}")
     rows = [("original", report["original"]), ("swap only", report["swap"])]
     if "transfer" in report:
-        rows.append((f"transfer ({report['transfer']['steps']} steps)", report["transfer"]))
-    rows.append((f"final ({report['final']['weights']})", report["final"]))
+        t = report["transfer"]
+        rows.append((f"transfer ({t['steps']} steps, {t['cpu_s']:.0f} CPU s)", t))
+    if "finetune" in report:
+        f = report["finetune"]
+        rows.append((f"fine-tuned ({f['steps']} steps, {f['cpu_s']:.0f} CPU s; {report['final']['weights']})",
+                     report["final"]))
+    else:
+        rows.append(("final", report["final"]))
     for name, r in rows:
         test = f" test: {_fmt(r['test'], keys)}" if r.get("test") else ""
-        print(f"  {name:40s} val: {_fmt(r.get('val'), keys):40s}{test}")
+        print(f"  {name:50s} val: {_fmt(r.get('val'), keys):36s}{test}")
     return 0
