@@ -72,7 +72,8 @@ def test_cli_converts_an_lm_run_end_to_end(lm_run, tmp_path) -> None:
     proc = _cli("convert", str(lm_run), "--layers", "all", "--transfer-steps", "10", "--finetune-steps", "10",
                 "--eta", "0.1", "--out", str(out), "--set", "primal.rank=4", "--set", "eval_every=5", "--no-progress")
     assert proc.returncode == 0, proc.stderr
-    assert "original" in proc.stdout and "final" in proc.stdout
+    assert "original" in proc.stdout and "fine-tuned (10 steps" in proc.stdout
+    assert "final weights: best of fine-tuning (step" in proc.stdout
     report = json.loads((out / "report.json").read_text())
     assert report["finished"] and report["primal_layers"] == [0, 1]
     assert report["done"] == {"transfer": 10, "finetune": 10}

@@ -166,11 +166,11 @@ def run(args: argparse.Namespace) -> int:
         rows.append((f"transfer ({t['steps']} steps, {t['cpu_s']:.0f} CPU s)", t))
     if "finetune" in report:
         f = report["finetune"]
-        rows.append((f"fine-tuned ({f['steps']} steps, {f['cpu_s']:.0f} CPU s; {report['final']['weights']})",
-                     report["final"]))
+        rows.append((f"fine-tuned ({f['steps']} steps, {f['cpu_s']:.0f} CPU s)", report["final"]))
     else:
         rows.append(("final", report["final"]))
     for name, r in rows:
         test = f" test: {_fmt(r['test'], keys)}" if r.get("test") else ""
-        print(f"  {name:50s} val: {_fmt(r.get('val'), keys):36s}{test}")
+        print(f"  {name:40s} val: {_fmt(r.get('val'), keys):36s}{test}")
+    print(f"  final weights: {report['final']['weights']}; report: {out / 'report.json'}")
     return 0
