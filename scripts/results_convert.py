@@ -113,6 +113,7 @@ class Study:
         run_dir = work / f"seed_{seed}"
         config = ROOT / task.original
         if not store.is_file() or (weights and not (run_dir / "metrics.json").is_file()):
+            trained_here = not (run_dir / "metrics.json").is_file()
             print(f"[{task.name}] original seed {seed}: training {config.name} -> {run_dir}", flush=True)
             (_, cpu) = self._cpu(run_seeds, load_config(config, ["train.progress=false", *task.overrides]), work, [seed],
                                  resume=True)
@@ -122,7 +123,8 @@ class Study:
                 print(f"[{task.name}] retrained seed {seed}: test {task.metric} {metrics[f'test_{task.metric}']:.5f} "
                       f"(stored {before[f'test_{task.metric}']:.5f})", flush=True)
             else:
-                metrics["cpu_s"] = cpu
+                if trained_here:  # CPU seconds of a run finished earlier are unknown: the page shows its wall time
+                    metrics["cpu_s"] = cpu
                 metrics["command"] = shlex.join(["primal", "train", str(task.original), "--out", str(work), "--seeds",
                                                  str(seed), "--resume"] + [x for o in task.overrides for x in ("--set", o)])
                 store.parent.mkdir(parents=True, exist_ok=True)
@@ -170,7 +172,8 @@ class Study:
                 f"train.eval_every={max(1, total // 6)}"]
         store = self.store / task.name / f"scratch_{layers}" / f"seed_{seed}.json"
         t0 = time.process_time()
-        fresh = not store.is_file()
+        finished = self.work / task.name / f"scratch_{layers}" / f"seed_{seed}" / "metrics.json"
+        fresh = not store.is_file() and not finished.is_file()  # else its CPU seconds are unknown (wall time shown)
         metrics = run_stored(ROOT / task.scratch[layers], store, self.work / task.name / f"scratch_{layers}", seed, sets)
         if fresh:
             metrics["cpu_s"] = time.process_time() - t0
