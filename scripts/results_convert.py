@@ -263,7 +263,7 @@ class Study:
             if base is not None and values:
                 mean = statistics.mean(values)
                 ratio = (base / mean) if not task.higher_is_better else (mean / base)
-                kept = f"{100 * ratio:.1f} % ({'keeps' if ratio >= 0.98 else 'loses'})"
+                kept = f"{100 * ratio:.1f} %" + (" (keeps)" if ratio >= 0.98 else "")
             beats = "–"
             if scratch and values:
                 sd = max(statistics.stdev(values) if len(values) > 1 else 0.0,
@@ -334,27 +334,37 @@ class Study:
         return lines
 
     def _verdict(self, task: Task) -> list[str]:
+        """One plain sentence per layers choice: quality kept, extra cost, and scratch of the same steps."""
         m = task.metric
         originals = self._stored(task, "original")
         if not originals:
             return ["*Verdict: no results yet.*"]
         base = statistics.mean(r[f"test_{m}"] for r in originals)
-        out = ["**Verdict** (from the table, by the rule above):", ""]
+
+        def kept(values: list[float]) -> float:
+            mean = statistics.mean(values)
+            return 100 * (mean / base if task.higher_is_better else base / mean)
+
+        out = ["**Verdict** (by the rule above; quality kept = the original's bits/byte ÷ the model's, or the model's",
+               "accuracy ÷ the original's; 100 % = as good as the original):", ""]
         for layers, label in LAYERS.items():
             full = self._stored(task, f"{layers}_transfer_finetune")
             plain = self._stored(task, f"{layers}_finetune")
-            scratch = self._stored(task, f"scratch_{layers}")
+            scratch = [r[f"test_{m}"] for r in self._stored(task, f"scratch_{layers}")]
             parts = []
-            for name, reports, key in (("swap only", full, "swap"), ("(i)", plain, "final"), ("(ii)", full, "transfer"),
-                                       ("(iii)", full, "final")):
+            for name, reports, key, stages in (("swap only", full, "swap", ()), ("(i)", plain, "final", ("finetune",)),
+                                               ("(ii)", full, "transfer", ("transfer",)),
+                                               ("(iii)", full, "final", ("transfer", "finetune"))):
                 vals = [r[key]["test"][m] for r in reports if r.get(key) and r[key].get("test")]
-                if vals:
-                    mean = statistics.mean(vals)
-                    ratio = mean / base if task.higher_is_better else base / mean
-                    parts.append(f"{name} keeps {100 * ratio:.1f} %")
+                if not vals:
+                    continue
+                cpu = statistics.mean(sum(r[s]["cpu_s"] for s in stages if s in r) for r in reports)
+                words = "keeps the quality" if kept(vals) >= 98 else "does not keep it"
+                parts.append(f"{name} {kept(vals):.1f} %, {words} ({cpu:.0f} CPU s after the original)")
             if scratch:
-                parts.append(f"scratch (same steps) {100 * (statistics.mean(r[f'test_{m}'] for r in scratch) / base if task.higher_is_better else base / statistics.mean(r[f'test_{m}'] for r in scratch)):.1f} %")
-            out.append(f"- {label}: " + (", ".join(parts) if parts else "no conversions stored yet") + ".")
+                parts.append(f"training the same architecture from scratch for the same total steps reaches "
+                             f"{kept(scratch):.1f} %")
+            out.append(f"- {label}: " + ("; ".join(parts) if parts else "no conversions stored yet") + ".")
         return out
 
     def _errors(self, task: Task) -> list[str]:
