@@ -344,3 +344,15 @@ def test_rerunning_a_finished_hf_conversion_keeps_the_selected_weights(tmp_path)
     with torch.no_grad():
         loss = loaded(input_ids=ids[224:], labels=ids[224:]).loss.item()
     assert loss == pytest.approx(first["final"]["val"]["loss"], rel=1e-5)
+
+
+def test_vision_transformer_run_converts(tmp_path) -> None:
+    sets = ["data.name=digits", "model.patch_size=2", "model.dim=32", "model.ffn_dim=64", "model.layers=2",
+            "train.batch_size=32", "train.epochs=1", "data.options.crop_padding=0", "data.options.flip=false",
+            "train.progress=false", "train.threads=1", "model.attention_options.primal.rank=4"]
+    run_seeds(load_config(ROOT / "configs" / "vision" / "fmnist_vit.yaml", sets), tmp_path / "run", [0])
+    report = convert_run(tmp_path / "run" / "seed_0", tmp_path / "conv",
+                         ConvertOptions(layers="all", transfer_steps=6, finetune_steps=2, **QUICK))
+    assert report["transfer"]["layer_error"]["isolated"]["0"] < report["swap"]["layer_error"]["isolated"]["0"]
+    layers = [m for m in load_run(tmp_path / "conv").model.modules() if isinstance(m, PrimalAttention)]
+    assert len(layers) == 2 and not layers[0].causal
