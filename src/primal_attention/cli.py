@@ -455,6 +455,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also each primal layer's distances to the exact KSVD solution of its kernel (docs/method.md §7)")
     p.set_defaults(func=_spectrum)
 
+    from primal_attention.convert.cli import add_arguments as add_convert_arguments
+    from primal_attention.convert.cli import run as run_convert
+
+    p = sub.add_parser("convert", help="convert a trained softmax model (a run, or an HF causal LM with --hf) to "
+                       "Primal-Attention: swap layers, attention transfer, fine-tuning; resumable")
+    add_convert_arguments(p)
+    p.set_defaults(func=run_convert)
+
     from primal_attention.bench.cli import add_arguments as add_bench_arguments
     from primal_attention.bench.cli import run as run_bench
 
