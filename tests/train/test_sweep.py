@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 
 from primal_attention.train.config import ConfigError
-from primal_attention.train.sweep import Sweep, SweepPoint, grid_points, parse_grid, point_name, select_point
+from primal_attention.train.sweep import (
+    Sweep, SweepPoint, grid_points, parse_grid, point_name, select_point, selected_val_loss,
+)
 
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "uea" / "JapaneseVowels_primal+.yaml"
 TINY = ["data.max_examples=60", "model.dim=16", "model.num_heads=2", "model.ffn_dim=32",
@@ -50,6 +52,15 @@ def test_selection_uses_validation_in_the_task_direction_and_ties_go_first() -> 
     points = [_point(1e-4, 0.5, 0.9), _point(3e-4, 0.7, 0.1), _point(1e-3, 0.7, 0.2)]
     assert select_point(points, maximize=True).point == {"optim.lr": 3e-4}  # test (0.9) never chooses
     assert select_point(points, maximize=False).point == {"optim.lr": 1e-4}  # e.g. a validation loss
+    # a saturated validation accuracy: the lower validation loss at the selected evaluation decides
+    saturated = [SweepPoint({"optim.lr": lr}, "", 1.0, None, {}, loss) for lr, loss in ((1e-4, 0.3), (1e-3, 0.1), (3e-3, None))]
+    assert select_point(saturated, maximize=True).point == {"optim.lr": 1e-3}
+
+
+def test_the_tie_break_reads_the_selected_evaluations_validation_loss() -> None:
+    history = [{"val_acc": 0.9, "val_loss": 0.5}, {"val_acc": 1.0, "val_loss": 0.2}, {"val_acc": 1.0, "val_loss": 0.1}]
+    assert selected_val_loss({"history": history}, "acc", True) == 0.2  # the first evaluation at the best
+    assert selected_val_loss({"history": [{"val_acc": 1.0}]}, "acc", True) is None
     with pytest.raises(ValueError):
         select_point([], maximize=True)
 
@@ -99,15 +110,16 @@ def test_sweep_cli_trains_selects_and_runs_the_final_seeds_once(tmp_path) -> Non
     report = json.loads((store / "sweep.json").read_text())
     points = {p["name"]: p for p in report["points"]}
     assert set(points) == {"optim.lr=0.0001", "optim.lr=0.003"} and report["complete"] and report["final_complete"]
-    best = max(report["points"], key=lambda p: (p["val_acc"], -report["points"].index(p)))
+    best = max(report["points"], key=lambda p: (p["val_acc"], -p["val_loss"], -report["points"].index(p)))
     assert report["chosen"] == best["point"] and report["selection"]["metric"] == "val_acc"
     for p in report["points"]:  # every point trained once, under the holdout protocol, on one budget
         metrics = json.loads((store / "points" / p["name"] / "seed_0.json").read_text())
         assert metrics["protocol"] == "holdout" and metrics["epochs"] == 2 and metrics["val_examples"] > 0
     # the chosen point at the sweep seed is reused as final seed 0; seed 1 is a new run
     chosen = store / "points" / point_name(report["chosen"]) / "seed_0.json"
-    assert (store / "final" / "seed_0.json").read_text() == chosen.read_text()
-    assert json.loads((store / "final" / "seed_1.json").read_text())["seed"] == 1
+    finals = store / "final" / point_name(report["chosen"])
+    assert (finals / "seed_0.json").read_text() == chosen.read_text()
+    assert json.loads((finals / "seed_1.json").read_text())["seed"] == 1
     assert report["final"]["test_acc"]["n"] == 2
     # run again: nothing is trained, the same report comes back
     again = cli(*args)

@@ -53,7 +53,10 @@ def outcome(entry: Entry) -> Outcome | None:
         return None
     rep = json.loads(path.read_text())
     metric = rep["selection"]["metric"].removeprefix("val_")
-    finals = [json.loads(p.read_text()) for p in sorted((entry.store / "final").glob("seed_*.json"))]
+    from primal_attention.train.sweep import point_name
+
+    finals = [] if rep["chosen"] is None else \
+        [json.loads(p.read_text()) for p in sorted((entry.store / "final" / point_name(rep["chosen"])).glob("seed_*.json"))]
     grid_size = 1
     for values in rep["grid"].values():
         grid_size *= len(values)

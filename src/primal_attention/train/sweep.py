@@ -115,7 +115,8 @@ def _overrides(point: dict[str, Any]) -> list[str]:
 
 @dataclass
 class SweepPoint:
-    """One grid point's outcome: its validation metric (what selects), and, for the record only, its
+    """One grid point's outcome: its validation metric (what selects), the validation loss at that
+    evaluation (what breaks a tie; None where the history lacks it), and, for the record only, its
     test metric (``None`` where the run did not track TEST)."""
 
     point: dict[str, Any]
@@ -123,6 +124,21 @@ class SweepPoint:
     val: float
     test: float | None
     metrics: dict[str, Any] = field(repr=False)
+    val_loss: float | None = None
+
+
+def selected_val_loss(metrics: dict[str, Any], metric: str, maximize: bool) -> float | None:
+    """The validation loss of a run's selected evaluation (the first with the best validation metric),
+    from its stored history; None where the history has no validation loss."""
+    key = f"val_{metric}"
+    rows = [r for r in metrics.get("history", []) if key in r and "val_loss" in r]
+    if not rows:
+        return None
+    best = rows[0]
+    for r in rows[1:]:
+        if (r[key] > best[key]) if maximize else (r[key] < best[key]):
+            best = r
+    return float(best["val_loss"])
 
 
 def selection_of(metrics: dict[str, Any]) -> tuple[str, bool]:
@@ -138,14 +154,16 @@ def selection_of(metrics: dict[str, Any]) -> tuple[str, bool]:
 
 
 def select_point(points: Sequence[SweepPoint], maximize: bool) -> SweepPoint:
-    """The point with the best validation metric; a tie goes to the point earlier in the grid."""
+    """The point with the best validation metric; a tie (a saturated validation accuracy, say) goes to
+    the lower validation loss at the selected evaluation, then to the point earlier in the grid."""
     if not points:
         raise ValueError("select_point: no points")
-    best = points[0]
-    for p in points[1:]:
-        if (p.val > best.val) if maximize else (p.val < best.val):
-            best = p
-    return best
+
+    def key(p: SweepPoint) -> tuple[float, float]:
+        loss = p.val_loss if p.val_loss is not None else math.inf
+        return (-p.val if maximize else p.val, loss)
+
+    return min(points, key=key)  # min keeps the first of equal keys: the earlier grid point
 
 
 @dataclass
@@ -191,9 +209,10 @@ class Sweep:
         for name, point, _, path in self.cells():
             if path.is_file():
                 metrics = json.loads(path.read_text())
-                metric, _ = selection_of(metrics)
+                metric, maximize = selection_of(metrics)
                 test = metrics.get("test_" + metric)
-                out.append(SweepPoint(point, name, float(metrics[f"best_val_{metric}"]), test, metrics))
+                out.append(SweepPoint(point, name, float(metrics[f"best_val_{metric}"]), test, metrics,
+                                      selected_val_loss(metrics, metric, maximize)))
         return out
 
     def chosen(self) -> SweepPoint | None:
@@ -205,7 +224,9 @@ class Sweep:
         return select_point(done, maximize)
 
     def final_cells(self, chosen: SweepPoint) -> list[tuple[str, dict[str, Any], int, Path]]:
-        return [("final", chosen.point, s, self.store / "final" / f"seed_{s}.json") for s in self.final_seeds]
+        # one folder per chosen point: finals of an earlier choice are never mistaken for this one's
+        return [("final", chosen.point, s, self.store / "final" / chosen.name / f"seed_{s}.json")
+                for s in self.final_seeds]
 
     def run_cell(self, name: str, point: dict[str, Any], seed: int, path: Path) -> bool:
         """Train one cell unless it is stored or another process holds it; True if it is stored now."""
@@ -250,6 +271,7 @@ class Sweep:
         return self.write_report()
 
     def finals(self) -> list[dict[str, Any]]:
+        """The stored final runs of the chosen point."""
         chosen = self.chosen()
         if chosen is None:
             return []
@@ -269,17 +291,18 @@ class Sweep:
                 summary[key] = {"mean": mean, "std": sd, "n": len(values), "values": values}
         cfg = load_config(self.config, list(self.overrides))
         return {
-            "config": str(self.config),
+            "config": _shown(self.config),
             "name": cfg.name,
             "overrides": list(self.overrides),
             "grid": self.grid,
             "sweep_seed": self.sweep_seed,
             "final_seeds": list(self.final_seeds),
             "selection": {"metric": f"val_{metric}", "maximize": maximize,
-                          "rule": "best validation metric of each run (its val-selected evaluation); ties go to the earlier grid point"},
+                          "rule": "best validation metric of each run (its val-selected evaluation); a tie goes to the "
+                                  "lower validation loss at that evaluation, then to the earlier grid point"},
             "budget": {"steps": cfg.train.steps, "epochs": cfg.train.epochs, "batch_size": cfg.train.batch_size},
-            "points": [{"point": p.point, "name": p.name, f"val_{metric}": p.val, f"test_{metric}": p.test,
-                        "wall_time_s": p.metrics.get("wall_time_s")} for p in done],
+            "points": [{"point": p.point, "name": p.name, f"val_{metric}": p.val, "val_loss": p.val_loss,
+                        f"test_{metric}": p.test, "wall_time_s": p.metrics.get("wall_time_s")} for p in done],
             "complete": len(done) == len(self.points),
             "chosen": None if chosen is None else chosen.point,
             "final": summary,
@@ -295,6 +318,14 @@ class Sweep:
         return rep
 
 
+def _shown(path: Path) -> str:
+    """``path`` relative to the working directory where it lies below it (reports stay portable)."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
 def render_markdown(rep: dict[str, Any]) -> str:
     """The sweep as a short markdown page: the grid table (validation selects) and the final seeds."""
     metric = rep["selection"]["metric"].removeprefix("val_")
@@ -306,12 +337,16 @@ def render_markdown(rep: dict[str, Any]) -> str:
              + f"; budget per point: {rep['budget']['steps'] or rep['budget']['epochs']} "
              f"{'steps' if rep['budget']['steps'] else 'epochs'} of batch {rep['budget']['batch_size']}; seed {rep['sweep_seed']};"
              f" holdout protocol. Selected on **validation {metric}** ({'higher' if rep['selection']['maximize'] else 'lower'} is better;"
-             " ties go to the earlier point). Test is shown for the record, never used to choose.", "",
-             f"| point | val {metric}{unit} | test {metric}{unit} (val-selected evaluation) | time (s) | |", "|---|---|---|---|---|"]
+             " a tie goes to the lower validation loss, then to the earlier point). Test is shown for the record, never"
+             " used to choose.", "",
+             f"| point | val {metric}{unit} | val loss | test {metric}{unit} (val-selected evaluation) | time (s) | |",
+             "|---|---|---|---|---|---|"]
     for p in rep["points"]:
         mark = "**chosen**" if p["point"] == rep["chosen"] else ""
         wall = p.get("wall_time_s")
-        lines.append(f"| {p['name']} | {show(p['val_' + metric])} | {show(p['test_' + metric])} | "
+        loss = p.get("val_loss")
+        lines.append(f"| {p['name']} | {show(p['val_' + metric])} | {'–' if loss is None else f'{loss:.4f}'} | "
+                     f"{show(p['test_' + metric])} | "
                      f"{'–' if wall is None else f'{wall:.0f}'} | {mark} |")
     if not rep["complete"]:
         lines += ["", f"{len(rep['points'])} of {len(grid_points(rep['grid']))} points trained so far."]
