@@ -139,7 +139,7 @@ def test_resume_after_sigkill_matches_uninterrupted_run(tmp_path) -> None:
 
 def test_ddp_two_processes_equal_one(tmp_path) -> None:
     """Same global batch: torchrun with 2 gloo processes gives the single-process weights to 1e-5."""
-    args = sets("train.epochs=2", "model.dropout=0.0", "train.eta=0.2", "train.ksvd_reduction=sample")
+    args = sets("train.epochs=2", "model.dropout=0.0", "model.attention_options.softmax.dropout=0.0", "train.eta=0.2", "train.ksvd_reduction=sample")
     single = cli("train", str(CONFIG), "--out", str(tmp_path / "one"), *args)
     assert single.returncode == 0, single.stderr
     ddp = subprocess.run(
