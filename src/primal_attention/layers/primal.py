@@ -336,6 +336,12 @@ class PrimalAttention(nn.Module):
             raise ValueError(f"reduction must be 'batch' or 'sample', got {reduction!r}")
         if isinstance(term, reference.PrimalTrace):
             return reference.ksvd_objective(term, self.weights(), reduction=reduction, form=form)
+        if term.inputs is not None:
+            # An inference forward kept only its input: recompute the features once (current weights).
+            full = functional.materialize_features(term, self.weights())
+            if term is self._last:
+                self._last = full
+            term = full
         return functional.ksvd_objective(term, self.lambdas, self.we, self.wr, reduction=reduction, form=form)
 
     def ksvd_objective(self, reduction: str = "batch", form: str = "authors") -> Tensor:
