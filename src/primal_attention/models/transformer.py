@@ -169,9 +169,14 @@ class TransformerStack(nn.Module):
     def decode_plan(self) -> list[BlockPlan] | None:
         """The fused decoding plan of every block, or None where a block cannot take it (an attention
         other than causal primal / softmax, or training mode). Rebuilt when a parameter changed."""
-        key = tuple((p.data_ptr(), p._version) for p in self.parameters())
-        modes = tuple(b.training for b in self.blocks)
+        # The key reads every parameter's storage and version through a flat list of the modules
+        # (walking the module tree each token cost more than a fused block step); a Parameter
+        # reassigned on a module is seen, a submodule replaced after the first step is not: set
+        # ``stack._plan = None`` then.
         cached = getattr(self, "_plan", None)
+        modules = cached[3] if cached is not None else [m for m in self.modules() if m._parameters]
+        key = [(p.data_ptr(), p._version) for m in modules for p in m._parameters.values() if p is not None]
+        modes = [b.training for b in self.blocks]
         if cached is not None and cached[0] == key and cached[1] == modes:
             return cached[2]
         plans: list[BlockPlan] | None = []
@@ -193,7 +198,7 @@ class TransformerStack(nn.Module):
                 # the (out, in) weights (measured at batch 1, D 128, 1 thread)
                 fc1.weight.detach().t().contiguous(), _detached(fc1.bias), fc2.weight.detach().t().contiguous(),
                 _detached(fc2.bias), isinstance(block.ffn[1], nn.ReLU)))
-        self._plan = (key, modes, plans)
+        self._plan = (key, modes, plans, modules)
         return plans
 
     def _fused_ok(self, x_t: Tensor) -> bool:
