@@ -46,11 +46,11 @@ SHAPE = {"layers": 4, "dim": 128, "num_heads": 4, "ffn_dim": 512, "vocab_size": 
 
 # -- today's code as the package pa_base ----------------------------------------------------------
 
-def export_base(ref: str, dest: Path) -> Path:
+def export_base(ref: str, dest: Path, repo: Path = ROOT) -> Path:
     """``git archive`` of ref's src/primal_attention into dest/pa_base, every import renamed."""
     raw = dest / "raw"
     raw.mkdir(parents=True, exist_ok=True)
-    archive = subprocess.run(["git", "-C", str(ROOT), "archive", ref, "src/primal_attention"], capture_output=True, check=True)
+    archive = subprocess.run(["git", "-C", str(repo), "archive", ref, "src/primal_attention"], capture_output=True, check=True)
     subprocess.run(["tar", "-x", "-C", str(raw)], input=archive.stdout, check=True)
     pkg = dest / "pa_base"
     shutil.copytree(raw / "src" / "primal_attention", pkg)
@@ -318,6 +318,7 @@ def main() -> int:
                    "2 rounds of 16 tokens, efficiency at 1 thread with 1 repeat")
     p.add_argument("--out", default=None, help="output folder (default perf_check-<time>)")
     p.add_argument("--base", default="main", help="git ref of today's code (default main)")
+    p.add_argument("--git", default=str(ROOT), help="the git checkout that --base is read from (default this one)")
     p.add_argument("--authors-repo", default=os.environ.get("PRIMAL_AUTHORS_REPO"),
                    help="the authors' code (an export, or the git mirror) for the efficiency rows")
     p.add_argument("--threads", default="1,2", help="threads of the efficiency rows (default 1,2)")
@@ -346,7 +347,7 @@ def main() -> int:
     result: dict = {"started": time.strftime("%Y-%m-%d %H:%M:%S"), "command": " ".join([sys.executable, *sys.argv]),
                     "threads": threads, "decode_threads": args.decode_threads, "shape": SHAPE, "decode": [],
                     "efficiency": {}}
-    base = str(export_base(args.base, tmp))
+    base = str(export_base(args.base, tmp, Path(args.git)))
     for batch in batches:
         for context in contexts:
             for kind in (*KINDS, "gpt2-hf"):
