@@ -14,8 +14,8 @@ context) runs in a fresh process; inside it the methods are timed in interleaved
 * ``session``: ``CausalLM.decode_session(...).step`` (preallocated, in-place state; what
   ``generate`` runs);
 * ``hf``: Hugging Face ``GPT2LMHeadModel`` of the same shape (D, layers, heads, FFN, vocabulary;
-  the all-softmax model's block weights copied in) with its ``DynamicCache`` (skipped, with the
-  reason, when ``transformers`` is not installed).
+  the all-softmax model's block weights copied in, :func:`primal_attention.bench.decode.hf_gpt2`)
+  with its ``DynamicCache`` (skipped, with the reason, when ``transformers`` is not installed).
 
 The state of a context C is synthetic (each layer's ``prefill_state`` of C random hidden vectors,
 :func:`primal_attention.bench.decode.synthetic_state`); HF's cache gets the all-softmax model's keys and
@@ -82,33 +82,6 @@ def _lm_config(pkg, kind: str, context: int, extra: int):
                               attention_options={"primal": {"rank": SHAPE["rank"]}}, dropout=0.0)
 
 
-def _hf_model(ours, context: int, extra: int):
-    """GPT2LMHeadModel of our all-softmax model's shape, its block weights copied in (GPT-2 has no
-    √D input scale, so logits differ; the work per token is the same)."""
-    import torch
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    c = ours.config
-    cfg = GPT2Config(vocab_size=c.vocab_size, n_positions=context + extra, n_embd=c.dim, n_layer=len(c.attention),
-                     n_head=c.num_heads, n_inner=c.ffn_dim, activation_function="gelu", resid_pdrop=0.0, embd_pdrop=0.0,
-                     attn_pdrop=0.0, layer_norm_epsilon=1e-5, bos_token_id=None, eos_token_id=None)
-    hf = GPT2LMHeadModel(cfg).eval()
-    with torch.no_grad():
-        hf.transformer.wte.weight.copy_(ours.embed.weight)
-        hf.transformer.wpe.weight[: c.max_seq_len].copy_(ours.pos[: c.max_seq_len])
-        for block, ob in zip(hf.transformer.h, ours.decoder.blocks):
-            a = ob.attn
-            block.ln_1.weight.copy_(ob.norm1.weight), block.ln_1.bias.copy_(ob.norm1.bias)
-            block.ln_2.weight.copy_(ob.norm2.weight), block.ln_2.bias.copy_(ob.norm2.bias)
-            block.attn.c_attn.weight.copy_(torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]).t())
-            block.attn.c_attn.bias.copy_(torch.cat([a.q_proj.bias, a.k_proj.bias, a.v_proj.bias]))
-            block.attn.c_proj.weight.copy_(a.out_proj.weight.t()), block.attn.c_proj.bias.copy_(a.out_proj.bias)
-            block.mlp.c_fc.weight.copy_(ob.ffn[0].weight.t()), block.mlp.c_fc.bias.copy_(ob.ffn[0].bias)
-            block.mlp.c_proj.weight.copy_(ob.ffn[3].weight.t()), block.mlp.c_proj.bias.copy_(ob.ffn[3].bias)
-        hf.transformer.ln_f.weight.copy_(ours.decoder.norm.weight), hf.transformer.ln_f.bias.copy_(ours.decoder.norm.bias)
-    return hf
-
-
 def decode_cell(spec: dict) -> dict:
     import torch
 
@@ -129,7 +102,9 @@ def decode_cell(spec: dict) -> dict:
                 import transformers  # noqa: F401
             except ImportError:
                 return {**row, "skipped": "transformers is not installed (pip install transformers)"}
-            hf = _hf_model(model, context, extra)
+            from primal_attention.bench.decode import hf_gpt2
+
+            hf = hf_gpt2(model, context + extra)
             prefix = synthetic_state(model, context, batch, torch.Generator().manual_seed(3))
             from transformers import DynamicCache
 
