@@ -26,7 +26,7 @@ def config(env: str, dataset: str, model: str) -> dict:
         "name": f"rl_{env}-{dataset}_{model}",
         "data": {"family": "rl", "name": f"{env}-{dataset}", "seq_len": 20, "options": {"eval_episodes": 100}},
         "model": {"kind": MODELS[model], "layers": 3, "dim": 256, "num_heads": 4, "ffn_dim": 1024, "dropout": 0.1,
-                  "activation": "relu", "attention_options": {"primal": {"rank": RANKS[env, dataset]}}},
+                  "activation": "relu", "attention_options": {"softmax": {"dropout": 0.1}, "primal": {"rank": RANKS[env, dataset]}}},
         "optim": {"name": "adamw", "lr": 1.0e-3, "weight_decay": 1.0e-4, "schedule": "constant", "warmup_steps": 10000,
                   "clip_norm": 0.25},
         "train": {"epochs": None, "steps": 100000, "batch_size": 64, "eval_every": 10000, "eta": 0.05 if primal else 0.0,

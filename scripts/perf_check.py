@@ -305,6 +305,10 @@ def main() -> int:
     p.add_argument("--memory-budget-gb", type=float, default=6.0, help="skip decoding cells whose KV caches need more")
     p.add_argument("--skip-efficiency", action="store_true")
     args = p.parse_args()
+    # This checkout's code, here and in every process started below (an installed primal_attention,
+    # e.g. an editable install of another checkout, would otherwise win in the decode cells).
+    sys.path.insert(0, str(ROOT / "src"))
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])
     if args.cell:
         print(json.dumps(decode_cell(json.loads(args.cell))))
         return 0
@@ -318,7 +322,7 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix="perf_check_"))
     env = {**os.environ, "OMP_NUM_THREADS": str(args.decode_threads), "MALLOC_MMAP_THRESHOLD_": "65536",
-           "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+           "PYTHONPATH": os.environ["PYTHONPATH"]}
     result: dict = {"started": time.strftime("%Y-%m-%d %H:%M:%S"), "command": " ".join([sys.executable, *sys.argv]),
                     "threads": threads, "decode_threads": args.decode_threads, "shape": SHAPE, "decode": [],
                     "efficiency": {}}
@@ -343,6 +347,7 @@ def main() -> int:
     mem_ctx = (contexts[0], contexts[-1])
     cfg = decode.DecodeConfig(models=("primalformer",), contexts=mem_ctx, prefill_max=0, new_tokens=tokens,
                               threads=args.decode_threads)
+    assert Path(decode.__file__).resolve().is_relative_to(ROOT / "src"), decode.__file__
     result["memory"] = decode.run_decode(cfg, progress=True)
     if not args.skip_efficiency:
         authors = export_authors(args.authors_repo, tmp) if args.authors_repo else None

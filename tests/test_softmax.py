@@ -56,3 +56,59 @@ def test_materialised_cannot_be_fused() -> None:
 def test_dtype_mismatch_is_a_clear_error() -> None:
     with pytest.raises(ValueError, match="expected x of dtype torch.float32"):
         SoftmaxAttention(16, 2)(torch.randn(2, 5, 16, dtype=torch.float64))
+
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("layer_cls", [SoftmaxAttention, MaterializedSoftmaxAttention], ids=["sdpa", "explicit"])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")], ids=["nan", "inf"])
+def test_a_non_finite_later_token_leaves_earlier_rows_finite(layer_cls, bad, device) -> None:
+    torch.manual_seed(0)
+    layer = layer_cls(16, 2, causal=True).to(device)
+    x = torch.randn(2, 9, 16, device=device)
+    clean = layer(x)
+    x[0, 5, 3] = bad  # token 5 of sample 0
+    out = layer(x)
+    torch.testing.assert_close(out[0, :5], clean[0, :5])  # rows before it: as without it
+    assert torch.isnan(out[0, 5:]).all()  # rows that attend to it: NaN, as the plain math gives
+    torch.testing.assert_close(out[1], clean[1])  # the other sample is untouched
+    # with padding: earlier rows finite, the padding rows still out_proj.bias
+    mask = torch.ones(2, 9, dtype=torch.bool, device=device)
+    mask[0, 7:] = False
+    out = layer(x, mask)
+    assert torch.isfinite(out[0, :5]).all() and torch.isnan(out[0, 5:7]).all()
+    torch.testing.assert_close(out[0, 7:], layer.out_proj.bias.expand(2, 16))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("layer_cls", [SoftmaxAttention, MaterializedSoftmaxAttention], ids=["sdpa", "explicit"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_a_non_finite_padding_token_changes_nothing(layer_cls, causal, device) -> None:
+    torch.manual_seed(0)
+    layer = layer_cls(16, 2, causal=causal).to(device)
+    x = torch.randn(2, 9, 16, device=device)
+    mask = torch.arange(9, device=device)[None] < torch.tensor([[9], [6]], device=device)
+    clean = layer(x, mask)
+    x[1, 7] = float("nan")  # a padding token of sample 1
+    out = layer(x, mask)
+    torch.testing.assert_close(out, clean)  # real rows and padding rows (out_proj.bias) alike
+
+
+def test_the_path_that_never_reads_the_flag_gives_the_same_rows(monkeypatch) -> None:
+    """Accelerators and torch.compile always zero and re-taint (no wait on the device): on the CPU
+    that path is taken by pretending to compile, and must equal the one that reads the flag."""
+    torch.manual_seed(0)
+    layer = SoftmaxAttention(16, 2, causal=True)
+    x = torch.randn(2, 9, 16)
+    mask = torch.arange(9)[None] < torch.tensor([[9], [6]])
+    for bad in (None, (0, 5)):
+        if bad is not None:
+            x[bad[0], bad[1], 0] = float("nan")
+        read = layer(x, mask), layer(x)
+        with monkeypatch.context() as m:
+            m.setattr(torch.compiler, "is_compiling", lambda: True)
+            unread = layer(x, mask), layer(x)
+        for a, b in zip(read, unread):
+            torch.testing.assert_close(a, b, equal_nan=True)

@@ -52,7 +52,8 @@ print(f"ok: 16 configurations, worst relative error {worst:.2e}")
 """
 
 
-@pytest.mark.skipif(not triton_available(), reason="triton is not installed (pip install -e .[gpu])")
+# CI installs triton (scripts/setup.sh): there a missing triton fails instead of skipping.
+@pytest.mark.skipif(not triton_available() and not os.environ.get("CI"), reason="triton is not installed (pip install -e .[gpu])")
 def test_triton_folded_path_matches_torch_path() -> None:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     env = {**os.environ, "PYTHONHASHSEED": "0"}

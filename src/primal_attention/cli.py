@@ -65,25 +65,65 @@ def _seeds(text: str) -> list[int]:
     return seeds
 
 
+def _resume_command(args: argparse.Namespace, out: Path) -> str:
+    """The command that continues this ``primal train``: the same config, overrides, seeds and --out."""
+    import shlex
+
+    argv = ["primal", "train", args.config, "--out", str(out)]
+    for assignment in args.set:
+        argv += ["--set", assignment]
+    if args.seeds:
+        argv += ["--seeds", ",".join(map(str, args.seeds))]
+    return shlex.join([*argv, "--resume"])
+
+
+#: exit codes of a stopped ``primal train``: 128 + the signal number, the shell's convention.
+EXIT_SIGINT, EXIT_SIGTERM = 130, 143
+
+
 def _train(args: argparse.Namespace) -> int:
+    import signal
+    import threading
+
     from primal_attention.data.base import DataError
     from primal_attention.train.checkpoint import CheckpointError
     from primal_attention.train.config import ConfigError, load_config
     from primal_attention.train.trainer import Interrupted, RunError, run_seeds
 
+    terminated = []
+
+    def on_sigterm(signum, frame) -> None:
+        # Stop as Ctrl-C does (the trainer turns it into Interrupted; checkpoints are written atomically);
+        # a second SIGTERM while stopping is ignored so the clean-up finishes.
+        if not terminated:
+            terminated.append(signum)
+            raise KeyboardInterrupt
+
+    # Only the main thread may set a handler (main() may be called from another one).
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, on_sigterm) if main_thread else None
+    out = None
     try:
         cfg = load_config(args.config, args.set)
         out = Path(args.out) if args.out else Path("runs") / cfg.name
         summary = run_seeds(cfg, out, args.seeds or [cfg.train.seed], resume=args.resume, overwrite=args.overwrite)
-    except Interrupted as stop:
-        print(f"primal train: {stop}; continue with --resume (primal train {args.config} --out {out} --resume)",
-              file=sys.stderr)
-        return 130
+    except (Interrupted, KeyboardInterrupt) as stop:
+        what = "terminated by SIGTERM" if terminated else "interrupted"
+        where = f" at epoch {stop.epoch:.2f}, step {stop.step}" if isinstance(stop, Interrupted) else ""
+        then = f"; continue with --resume: {_resume_command(args, out)}" if out is not None else ""
+        print(f"primal train: {what}{where}{then}", file=sys.stderr)
+        return EXIT_SIGTERM if terminated else EXIT_SIGINT
     except (CheckpointError, ConfigError, DataError, RunError) as err:
         print(f"primal train: error: {err}", file=sys.stderr)
         return 2
+    finally:
+        if main_thread:  # None: the previous handler was not set from Python
+            signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
     if int(__import__("os").environ.get("RANK", "0")) == 0:
-        keys = [k for k in ("best_test_acc", "final_test_acc", "test_acc", "best_val_acc", "wall_time_s") if k in summary]
+        from primal_attention.train.families import get_family
+
+        wanted = (*get_family(cfg.data.family).summary_metrics, "wall_time_s")
+        keys = [k for k in wanted if k in summary]
         print(f"{cfg.name} ({summary['protocol']} protocol, seeds {summary['seeds']}) -> {out}")
         for k in keys:
             v = summary[k]
@@ -140,16 +180,17 @@ def _baselines(args: argparse.Namespace) -> int:
 
 def _eval_one(path: Path, last: bool) -> dict:
     from primal_attention.train.checkpoint import CheckpointError
+    from primal_attention.train.families import get_family
     from primal_attention.train.run import load_run
-    from primal_attention.train.tasks import evaluate
 
     run = load_run(path, last=last)
+    task = get_family(run.cfg.data.family).task
     if run.checkpoint is None:
         raise CheckpointError(f"{path} is a config, not a trained run")
     result = {"checkpoint": str(run.checkpoint), "weights": run.weights}
     for name, data in (("val", run.splits.val), ("test", run.splits.test)):
         if data is not None:
-            result[name] = evaluate(run.model, data, run.cfg.train.eval_batch_size, run.device)
+            result[name] = task.evaluate(run.model, data, run.cfg.train.eval_batch_size, run.device)
     return result
 
 
@@ -246,6 +287,18 @@ def _generate(args: argparse.Namespace) -> int:
     from primal_attention.train.run import load_lm_run
 
     try:
+        args.prompt.encode("utf-8")
+    except UnicodeEncodeError as err:  # bytes that are not UTF-8 reach argv as lone surrogates
+        print(f"primal generate: error: --prompt must be UTF-8 text; it holds a byte that is not UTF-8 at "
+              f"character {err.start}", file=sys.stderr)
+        return 2
+    run_dir = Path(args.run)
+    if run_dir.is_dir() and not (run_dir / "config.yaml").is_file() and any(run_dir.glob("seed_*/config.yaml")):
+        seeds = ", ".join(sorted(d.parent.name for d in run_dir.glob("seed_*/config.yaml")))
+        print(f"primal generate: error: {run_dir} is the --out folder of primal train; generate from one of its "
+              f"seed folders ({seeds}), e.g. {run_dir / seeds.split(', ')[0]}", file=sys.stderr)
+        return 2
+    try:
         run = load_lm_run(args.run, last=args.last)
     except (CheckpointError, ConfigError) as err:
         print(f"primal generate: error: {err}", file=sys.stderr)
@@ -286,6 +339,17 @@ def _positive(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from err
     if value <= 0:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def _generator_seed(text: str) -> int:
+    """A seed torch.Generator.manual_seed takes: an integer in [0, 2**64)."""
+    try:
+        value = int(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from err
+    if not 0 <= value < 2**64:
+        raise argparse.ArgumentTypeError(f"expected an integer in [0, 2**64), got {value}")
     return value
 
 
@@ -374,7 +438,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--temperature", type=float, default=1.0, help="0 = greedy decoding")
     p.add_argument("--top-k", type=_positive, default=None, help="sample among the k most likely tokens")
     p.add_argument("--num-samples", type=_positive, default=1, help="continuations of the same prompt (a batch)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the sampling generator")
+    p.add_argument("--seed", type=_generator_seed, default=0, help="seed of the sampling generator")
     p.add_argument("--last", action="store_true", help="use the last weights instead of the val-selected ones")
     p.set_defaults(func=_generate)
 

@@ -24,6 +24,7 @@ passes over memory (docs/method.md §4, efficiency note):
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import torch
@@ -57,7 +58,8 @@ class PrimalCache(NamedTuple):
     gram: Tensor | None = None
     seq_len: int = 0
     #: the inference path (no gradients): neither features nor Gram were kept, only what recomputes
-    #: the features on demand (:func:`materialize_features`): (x, mask, causal, heads, compute dtype).
+    #: the features on demand (:func:`materialize_features`): (x or the projected [q | k], unused,
+    #: projected, heads, compute dtype).
     inputs: tuple | None = None
 
 
@@ -344,21 +346,25 @@ def _folded_infer(x: Tensor, wqk: Tensor | None, bqk: Tensor | None, fold: Tenso
 
 
 def materialize_features(cache: PrimalCache, weights: PrimalWeights) -> PrimalCache:
-    """The cache of an inference-path forward with its features recomputed from the recorded input
-    (no gradient, the forward's compute dtype), as the training path would have kept them: q/k
-    projection, causal prefix mean, F.normalize. Other caches are returned as they are."""
+    """The cache of an inference-path forward with its features recomputed from what it recorded
+    (no gradient, the forward's compute dtype), as the training path would have kept them: the q/k
+    projection of x with the current weights (non-causal) or the recorded [q | k] (causal prefix
+    mean, qk_transform), then F.normalize. Other caches are returned as they are."""
     if cache.inputs is None or cache.features is not None or cache.gram is not None:
         return cache
-    x, mask, causal, heads, dtype = cache.inputs
-    batch, seq_len, dim = x.shape
-    with torch.no_grad(), torch.autocast(x.device.type, enabled=False):
-        qk_weight = torch.cat([weights.q_weight, weights.k_weight], dim=0).to(dtype)
-        qk_bias = None if weights.q_bias is None else torch.cat([weights.q_bias, weights.k_bias], dim=0).to(dtype)
-        qk = F.linear(x.to(dtype), qk_weight, qk_bias)
-        if causal:
-            qk = _causal_prefix_mean(qk, None if mask is None else mask.to(dtype))
-        features = F.normalize(qk.view(batch, seq_len, 2 * heads, dim // heads), p=2.0, dim=-1, eps=_norm_eps(dtype))
-    return cache._replace(features=features.view(batch, seq_len, 2 * dim), inputs=None)
+    source, _, projected, heads, dtype = cache.inputs
+    batch, seq_len = source.shape[:2]
+    with torch.no_grad(), torch.autocast(source.device.type, enabled=False):
+        if projected:  # [q | k] after the causal prefix mean / qk_transform, as the row loop read it
+            qk = source.to(dtype)
+        else:
+            qk_weight = torch.cat([weights.q_weight, weights.k_weight], dim=0).to(dtype)
+            qk_bias = None if weights.q_bias is None else torch.cat([weights.q_bias, weights.k_bias], dim=0).to(dtype)
+            qk = F.linear(source.to(dtype), qk_weight, qk_bias)
+        width = qk.shape[-1]
+        features = F.normalize(qk.reshape(batch, seq_len, 2 * heads, width // (2 * heads)), p=2.0, dim=-1,
+                               eps=_norm_eps(dtype))
+    return cache._replace(features=features.view(batch, seq_len, width), inputs=None)
 
 
 def _autocast_dtype(device_type: str) -> torch.dtype | None:
@@ -379,6 +385,7 @@ def primal_attention(
     training: bool = False,
     fold_out: bool | None = None,
     chunk_rows: int | None = None,
+    qk_transform: Callable[[Tensor], Tensor] | None = None,
 ) -> tuple[Tensor, PrimalCache]:
     """Fast Primal-Attention forward; same arguments and output as the reference.
 
@@ -387,7 +394,9 @@ def primal_attention(
             (before out_proj); when it is active the output projection cannot be folded and a
             per-head path is taken. fold_out: fold out_proj into the per-sample map (None: when
             N ≥ 16·D, where it measured faster). chunk_rows: rows per chunk of the folded path
-            (default :data:`CHUNK_ROWS`).
+            (default :data:`CHUNK_ROWS`). qk_transform: maps the projections ``[q | k]``
+            (B, N, 2D) to a tensor of the same shape, token by token, before the (causal prefix
+            mean and the) feature map, e.g. a rotary position embedding; None: identity.
 
     Returns:
         out (B, N, D) and the :class:`PrimalCache` for the KSVD objective.
@@ -418,9 +427,11 @@ def primal_attention(
     fold_out = fold_out and not (training and dropout_p > 0.0)
     if fold_out:
         return _folded(x, weights, proj, qk_weight, qk_bias, heads=heads, causal=causal, real=real,
-                       token_weight=token_weight, chunk_rows=chunk_rows or CHUNK_ROWS)
+                       token_weight=token_weight, chunk_rows=chunk_rows or CHUNK_ROWS, qk_transform=qk_transform)
 
     qk = F.linear(x, qk_weight, qk_bias)  # (B, N, 2D)
+    if qk_transform is not None:
+        qk = qk_transform(qk)
     if causal:
         qk = _causal_prefix_mean(qk, real)
     features = F.normalize(qk.view(batch, seq_len, 2 * heads, d), p=2.0, dim=-1, eps=_norm_eps(qk.dtype))
@@ -452,6 +463,7 @@ def _folded(
     real: Tensor | None,
     token_weight: Tensor | None,
     chunk_rows: int,
+    qk_transform: Callable[[Tensor], Tensor] | None = None,
 ) -> tuple[Tensor, PrimalCache]:
     dim = x.shape[-1]
     d = dim // heads
@@ -461,8 +473,14 @@ def _folded(
         cbias = torch.einsum("e,ohe->o", weights.mix_bias, weights.out_weight.view(dim, heads, d))
     obias = weights.out_bias
     wqk, bqk, inp = qk_weight, qk_bias, x
-    if causal:
-        inp = _causal_prefix_mean(F.linear(x, qk_weight, qk_bias), real)
+    if causal or qk_transform is not None:
+        # The projection leaves the fused row loop: the prefix mean or the transform sits between
+        # it and the feature map.
+        inp = F.linear(x, qk_weight, qk_bias)
+        if qk_transform is not None:
+            inp = qk_transform(inp).contiguous()
+        if causal:
+            inp = _causal_prefix_mean(inp, real)
         wqk = bqk = None
     dtype = _autocast_dtype(x.device.type)
     if dtype is not None:
@@ -480,8 +498,9 @@ def _folded(
         # Inference: only what the output needs; the KSVD features are recomputed on demand.
         with torch.autocast(x.device.type, enabled=False):
             out = _folded_infer(inp, wqk, bqk, fold, cbias, obias, real, 2 * heads, chunk_rows)
-        mask = None if real is None else real > 0
-        inputs = (x, mask, causal, heads, fold.dtype)
+        # What the features are recomputed from: x (the q/k projection follows), or, where the
+        # projection already left the row loop (causal prefix mean, qk_transform), [q | k] itself.
+        inputs = (x, None, False, heads, fold.dtype) if wqk is not None else (inp, None, True, heads, fold.dtype)
         return out, PrimalCache(None, proj, token_weight, None, x.shape[1], inputs)
     with torch.autocast(x.device.type, enabled=False):
         if triton:  # the kernels compute in float32

@@ -7,9 +7,11 @@ import math
 import os
 import subprocess
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
+import torch
 
 from primal_attention.bench import QUICK, GridConfig
 from primal_attention.bench.harness import run_grid
@@ -53,8 +55,24 @@ def test_every_method_runs_every_level(level: str) -> None:
         build(Case(level, name, 32, 2, dim=16, heads=2))()
 
 
-def test_bf16_and_unknown_case() -> None:
-    build(Case("train", "primal", 32, 2, dtype="bf16", dim=16, heads=2))()
+def _linear_output_dtypes(case: Case) -> set[torch.dtype]:
+    seen: set[torch.dtype] = set()
+
+    def hook(module, args, output) -> None:
+        if isinstance(module, torch.nn.Linear):
+            seen.add(output.dtype)
+
+    handle = torch.nn.modules.module.register_module_forward_hook(hook)
+    try:
+        build(case)()
+    finally:
+        handle.remove()
+    return seen
+
+
+def test_bf16_runs_the_linears_in_bf16_and_unknown_case() -> None:
+    assert _linear_output_dtypes(Case("train", "primal", 32, 2, dtype="bf16", dim=16, heads=2)) == {torch.bfloat16}
+    assert _linear_output_dtypes(Case("train", "primal", 32, 2, dtype="fp32", dim=16, heads=2)) == {torch.float32}
     with pytest.raises(ValueError, match="unknown level"):
         build(Case("nope", "primal", 32, 2))
     assert "unknown method" in availability("flash9")
@@ -72,7 +90,6 @@ def test_tiny_grid_records_outputs_and_budgets(tmp_path: Path) -> None:
     for r in records:
         assert r["status"] == "ok", r
         assert r["time"]["median"] > 0 and r["time"]["q25"] <= r["time"]["median"] <= r["time"]["q75"]
-        assert r["memory_bytes"] >= 0
         assert ("flops" in r) == (r["seq_len"] == 64)
     paths = write_outputs(result, tmp_path)
     data = json.loads(paths["json"].read_text())
@@ -80,6 +97,22 @@ def test_tiny_grid_records_outputs_and_budgets(tmp_path: Path) -> None:
     assert "| primal |" in paths["markdown"].read_text()
     for key in ("time_train_fp32_eager", "memory_train_fp32_eager", "time_layer_fp32_eager"):
         assert paths[key].stat().st_size > 1000 and paths[key].read_bytes()[:4] == b"\x89PNG"
+
+
+def test_cpu_memory_sees_the_attention_matrix() -> None:
+    """Materialized softmax must hold B·H·N² float32 probabilities (16 MiB here); the primal layer holds no
+    N×N matrix, so it needs far less."""
+    from primal_attention.bench.memory import MemoryServer
+
+    server = MemoryServer(threads=1)
+    try:
+        got = {m: server.measure(asdict(Case("layer", m, 1024, 2, dim=16, heads=2)), count_ops=False, timeout_s=120)
+               for m in ("softmax_materialized", "primal")}
+    finally:
+        server.close()
+    matrix = 2 * 2 * 1024 * 1024 * 4
+    assert got["softmax_materialized"]["memory_bytes"] >= matrix, got
+    assert got["primal"]["memory_bytes"] < got["softmax_materialized"]["memory_bytes"] / 4, got
 
 
 def test_time_budget_stops_a_method_and_marks_it() -> None:

@@ -172,3 +172,25 @@ def test_fashion_mnist_when_cached():
     assert test.x.shape == (300, 1, 28, 28) and test.name == "FashionMNIST" and test.y.max() <= 9
     assert abs(test.meta["mean"][0] - 0.286) < 1e-3 and abs(test.meta["std"][0] - 0.353) < 1e-3
     assert torch.equal(test.y, load_fashion_mnist_images("test", num_examples=300, progress=False).y)
+
+
+def test_image_folder_classes_are_numbered_by_train_in_every_split(tmp_path):
+    for name, colour in (("ant", (0, 0, 255)), ("bee", (0, 255, 0)), ("cat", (255, 0, 0))):
+        _write_png(tmp_path / "train" / name / "a.png", (4, 4), colour)
+    for name, colour in (("ant", (0, 0, 255)), ("cat", (255, 0, 0))):  # test/ lacks bee
+        _write_png(tmp_path / "test" / name / "b.png", (4, 4), colour)
+    test = load_image_folder(tmp_path, "test", image_size=4)
+    assert test.y.tolist() == [0, 2] and test.num_classes == 3 and test.meta["classes"] == ["ant", "bee", "cat"]
+    _write_png(tmp_path / "test" / "dog" / "c.png", (4, 4), (9, 9, 9))
+    with pytest.raises(DataError, match=r"class folders \['dog'\] are not in .*train \(labels are numbered by the train/ classes"):
+        load_image_folder(tmp_path, "test", image_size=4)
+
+
+def test_a_decompression_bomb_is_one_line_naming_the_file(tmp_path, monkeypatch):
+    from PIL import Image
+
+    _write_png(tmp_path / "train" / "cat" / "huge.png", (8, 8), (0, 0, 0))
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 10)  # 64 pixels > twice the limit: PIL raises
+    with pytest.raises(DataError) as caught:
+        load_image_folder(tmp_path, "train", image_size=4)
+    assert "huge.png: not read: Image size (64 pixels) exceeds limit" in str(caught.value)

@@ -101,6 +101,43 @@ def test_decoding_needs_eval_mode_and_a_cache_of_this_layer() -> None:
         attn.step(torch.randn(2, 16), KVCache(cache.k.double(), cache.v.double()))
 
 
+def test_step_validates_its_state_and_ids_as_forward_does() -> None:
+    from primal_attention.models.lm import LMState
+
+    model = lm(PATTERNS["hybrid"])
+    tokens = torch.randint(0, 23, (2, 4), generator=torch.Generator().manual_seed(4))
+
+    def error(tokens_t, state) -> str:
+        with pytest.raises(ValueError) as caught:
+            model.step(tokens_t, state)
+        return str(caught.value)
+
+    with torch.no_grad():
+        _, state = model.prefill(tokens)
+        assert "CausalLM.step: token ids must be in [0, 23), got [0, 23]" in error(torch.tensor([0, 23]), state)
+        assert "got [-1, 3]" in error(torch.tensor([-1, 3]), state)
+        assert "expected state.position to be an int >= 0, got -1" in error(tokens[:, 0], LMState(-1, state.layers))
+        assert "state.position is 7 but block 0's KV cache holds 4 tokens" in error(tokens[:, 0], LMState(7, state.layers))
+        assert "is past max_seq_len 40" in error(tokens[:, 0], LMState(40, state.layers))
+        logits, state = model.step(tokens[:, 0], state)  # the state it made is accepted
+        assert state.position == 5 and logits.shape == (2, 23)
+
+
+def test_generate_validates_temperature_and_top_k() -> None:
+    model = lm(PATTERNS["hybrid"])
+    prompt = torch.randint(0, 23, (2, 5), generator=torch.Generator().manual_seed(2))
+    with pytest.raises(ValueError, match="temperature must be a finite number >= 0, got nan"):
+        model.generate(prompt, 3, temperature=float("nan"))
+    with pytest.raises(ValueError, match="temperature must be a finite number >= 0, got inf"):
+        model.generate(prompt, 3, temperature=float("inf"))
+    with pytest.raises(ValueError, match="top_k must be an int > 0 or None, got 2.5"):
+        model.generate(prompt, 3, top_k=2.5)
+    # A temperature so small that logits / temperature overflow: greedy in the limit, not NaN.
+    greedy = model.generate(prompt, 4, temperature=0)
+    assert torch.equal(model.float().generate(prompt, 4, temperature=1e-45), model.float().generate(prompt, 4, temperature=0))
+    assert torch.equal(model.double().generate(prompt, 4, temperature=1e-320), greedy)
+
+
 @pytest.mark.parametrize("blocks", [{}, {"norm_first": False, "activation": "relu"}], ids=["prenorm", "postnorm-relu"])
 @pytest.mark.parametrize("kind", list(PATTERNS))
 def test_fused_step_and_session_equal_the_checked_step(kind, blocks) -> None:

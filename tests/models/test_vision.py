@@ -112,6 +112,14 @@ def test_bad_images_give_expected_vs_got(x):
         model(x)
 
 
+def test_float64_images_into_a_float32_vit_are_one_clear_error():
+    model = _tiny()
+    with pytest.raises(ValueError) as caught:
+        model(torch.zeros(2, 1, 8, 8, dtype=torch.float64))
+    assert "VisionTransformer: expected x of dtype torch.float32 (the layer's parameters), got torch.float64" in str(caught.value)
+    assert model.double()(torch.zeros(2, 1, 8, 8, dtype=torch.float64)).dtype == torch.float64
+
+
 def test_drop_path_rises_linearly_and_defaults_to_nothing():
     model = _tiny(["softmax"] * 3, drop_path=0.2)
     assert [b.drop_path.p if isinstance(b.drop_path, DropPath) else 0.0 for b in model.encoder.blocks] == [0.0, 0.1, 0.2]

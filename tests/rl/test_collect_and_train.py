@@ -107,3 +107,20 @@ def test_bad_rl_configs_are_one_line_errors(collected, tmp_path, extra, message)
                *SMALL, *sets, cache=collected)
     assert proc.returncode == 2, proc.stderr
     assert message in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_collect_rl_names_the_bad_option_and_an_unusable_cache(tmp_path, monkeypatch, capsys) -> None:
+    from primal_attention.cli import main
+
+    monkeypatch.setenv("PRIMAL_ATTENTION_CACHE", str(tmp_path / "cache"))
+    assert main(["data", "collect-rl", "hopper", "--learning-starts", "-5"]) == 2
+    err = capsys.readouterr().err
+    assert "learning_starts must be >= 0, got -5" in err and "medium_fraction" not in err
+    assert main(["data", "collect-rl", "hopper", "--seed", str(2**40)]) == 2
+    assert "seed must be in [0, 40000], got 1099511627776" in capsys.readouterr().err
+    (tmp_path / "file").write_text("not a folder")
+    monkeypatch.setenv("PRIMAL_ATTENTION_CACHE", str(tmp_path / "file"))
+    assert main(["data", "collect-rl", "hopper", *TINY, "--expert-steps", "300"]) == 2
+    err = capsys.readouterr().err
+    assert "cannot use the cache folder" in err and "set PRIMAL_ATTENTION_CACHE to a writable folder" in err
+    assert len(err.strip().splitlines()) == 1

@@ -97,3 +97,32 @@ def test_bad_files_are_clear_errors(tmp_path) -> None:
     (tmp_path / "junk.npz").write_text("not a zip")
     with pytest.raises(DataError, match="not a readable .npz"):
         load_transitions(tmp_path / "junk.npz")
+
+
+def test_a_dataset_is_checked_against_its_environment_at_load(tmp_path) -> None:
+    d = toy(s=11, a=3)  # hopper's sizes
+    np.savez(tmp_path / "hopper.npz", **d)
+    assert load_transitions(tmp_path / "hopper.npz", env="hopper-medium")["observations"].shape == (12, 11)
+    with pytest.raises(DataError) as caught:  # hopper's data named as walker2d's: fails at load, not at the first rollout
+        load_transitions(tmp_path / "hopper.npz", env="walker2d-medium")
+    assert "expected observations of size 17 and actions of size 6 for walker2d, got 11 and 3" in str(caught.value)
+    flat = dict(d, rewards=d["rewards"][:, None])
+    np.savez(tmp_path / "rank.npz", **flat)
+    with pytest.raises(DataError) as caught:
+        load_transitions(tmp_path / "rank.npz", env="hopper")
+    assert "rewards / terminals / timeouts (T,), got rewards (12, 1)" in str(caught.value)
+    np.savez(tmp_path / "text.npz", **dict(d, actions=d["actions"].astype(str)))
+    with pytest.raises(DataError, match="expected numeric fields .* got actions <U"):
+        load_transitions(tmp_path / "text.npz", env="hopper")
+    np.savez(tmp_path / "flags.npz", **dict(d, terminals=d["terminals"].astype(np.int64) * 2))
+    with pytest.raises(DataError, match="expected terminals of 0 / 1"):
+        load_transitions(tmp_path / "flags.npz", env="hopper")
+
+
+def test_a_truncated_npz_is_one_line_naming_the_file(tmp_path) -> None:
+    np.savez(tmp_path / "hopper.npz", **toy())
+    whole = (tmp_path / "hopper.npz").read_bytes()
+    (tmp_path / "hopper.npz").write_bytes(whole[: len(whole) // 2])
+    with pytest.raises(DataError) as caught:
+        load_transitions(tmp_path / "hopper.npz")
+    assert "hopper.npz: not a readable .npz file (BadZipFile" in str(caught.value)

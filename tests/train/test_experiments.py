@@ -16,6 +16,13 @@ def test_history_keeps_the_evaluations_without_diagnostics(tmp_path) -> None:
     assert evaluation_history(tmp_path / "missing.csv") == []
 
 
+def test_history_keeps_the_columns_asked_for(tmp_path) -> None:
+    path = tmp_path / "history.csv"
+    path.write_text("step,epoch,train_loss,val_acc,ksvd/a.J,ksvd_distance/a.objective_ratio\n10,0.5,1.2,0.5,3,0.75\n")
+    assert evaluation_history(path, ("ksvd_distance/",)) == [
+        {"step": 10.0, "epoch": 0.5, "train_loss": 1.2, "val_acc": 0.5, "ksvd_distance/a.objective_ratio": 0.75}]
+
+
 def test_a_cell_is_claimed_once_and_cells_format(tmp_path) -> None:
     folder = tmp_path / "claims"
     assert claim(folder, "a-seed_0") and not claim(folder, "a-seed_0") and claim(folder, "a-seed_1")

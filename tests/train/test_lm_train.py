@@ -13,7 +13,8 @@ import torch
 from test_trainer import cli
 
 from primal_attention.data.lm import BPETokenizer, LMData
-from primal_attention.train.tasks import LANGUAGE_MODEL, evaluate, task_for
+from primal_attention.train.families import get_family
+from primal_attention.train.tasks import LANGUAGE_MODEL
 
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "lm" / "corpora_primal+.yaml"
 WORDS = "the and of to in that shall unto lord thou thy king love night death heaven earth sea fire".split()
@@ -123,8 +124,8 @@ def test_evaluate_a_uniform_model_gives_log_vocab_and_bits_from_the_bytes(text_d
     monkeypatch.setenv("PRIMAL_ATTENTION_CACHE", str(tmp_path / "cache"))
     tok = BPETokenizer.train([(text_dir / "train.txt").read_text()], 300)
     data = LMData.from_texts([(text_dir / "valid.txt").read_text()], tok, 16)
-    assert task_for(data) is LANGUAGE_MODEL
-    got = evaluate(_Uniform(tok.vocab_size), data, 7, torch.device("cpu"))
+    assert get_family("lm").task is LANGUAGE_MODEL
+    got = LANGUAGE_MODEL.evaluate(_Uniform(tok.vocab_size), data, 7, torch.device("cpu"))
     targets = len(data) * 16
     assert math.isclose(got["loss"], math.log(tok.vocab_size), rel_tol=1e-6)
     assert math.isclose(got["ppl"], tok.vocab_size, rel_tol=1e-5)
@@ -176,3 +177,47 @@ def test_the_wikitext103_configs_train_on_a_folder_of_wiki_files(tmp_path, text_
     assert math.isfinite(m["test_ppl"]) and bool(m["ksvd_j_final"]) == (model == "primal+")
     missing = cli("train", str(config), "--out", str(tmp_path / "x"), env=env)
     assert missing.returncode == 2 and "needs data.data_dir" in missing.stderr
+
+
+def test_an_empty_split_file_is_named_with_its_split(tmp_path, text_dir, monkeypatch) -> None:
+    from primal_attention.data.base import DataError
+    from primal_attention.data.lm import load_lm_files
+
+    monkeypatch.setenv("PRIMAL_ATTENTION_CACHE", str(tmp_path / "cache"))
+    (text_dir / "valid.txt").write_text("\n")
+    with pytest.raises(DataError) as caught:
+        load_lm_files(text_dir, "val", vocab_size=300, block_len=16, progress=False)
+    assert "valid.txt: the val text is empty" in str(caught.value)
+    (text_dir / "valid.txt").write_text("The king.")  # a few tokens: too short for one block of 16
+    with pytest.raises(DataError) as caught:
+        load_lm_files(text_dir, "val", vocab_size=300, block_len=16, progress=False)
+    assert "LMData val (" in str(caught.value) and "valid.txt): " in str(caught.value)
+
+
+def test_generate_input_errors_are_one_line(tmp_path, text_dir, monkeypatch, capsys) -> None:
+    from primal_attention.cli import main
+    from primal_attention.train.config import load_config
+    from primal_attention.train.trainer import run_seeds
+
+    monkeypatch.setenv("PRIMAL_ATTENTION_CACHE", str(tmp_path / "cache"))
+    sets = [a for a in tiny(text_dir, "train.steps=2", "train.eval_every=2") if a != "--set"]
+    run_seeds(load_config(CONFIG, sets), tmp_path / "out", [0])
+    run = tmp_path / "out" / "seed_0"
+
+    def generate(*argv: str) -> tuple[int, str, str]:
+        try:
+            code = main(["generate", *argv])
+        except SystemExit as stop:  # argparse
+            code = stop.code
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    code, _, err = generate(str(tmp_path / "out"))
+    assert code == 2 and "is the --out folder of primal train; generate from one of its seed folders (seed_0)" in err
+    code, _, err = generate(str(run), "--prompt", "The k\udcffing")  # how Python passes a byte that is not UTF-8
+    assert code == 2 and "--prompt must be UTF-8 text; it holds a byte that is not UTF-8 at character 5" in err
+    code, _, err = generate(str(run), "--seed", str(2**64))
+    assert code == 2 and "expected an integer in [0, 2**64), got 18446744073709551616" in err
+    code, tiny_t, err = generate(str(run), "--prompt", "The king", "--max-new-tokens", "6", "--temperature", "1e-45")
+    assert code == 0, err  # the logits divided by 1e-45 no longer overflow to NaN: greedy in the limit
+    assert tiny_t == generate(str(run), "--prompt", "The king", "--max-new-tokens", "6", "--temperature", "0")[1]

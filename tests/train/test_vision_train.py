@@ -35,3 +35,20 @@ def test_a_patch_that_does_not_divide_the_image_is_a_config_error(tmp_path) -> N
     proc = cli("train", str(CONFIG), "--out", str(tmp_path / "x"), *DIGITS, "--set", "model.patch_size=3")
     assert proc.returncode == 2 and "image_size 8 is not divisible by patch_size 3" in proc.stderr
     assert "Traceback" not in proc.stderr and not (tmp_path / "x").exists()
+
+
+def test_an_image_folder_class_unknown_to_train_stops_before_training(tmp_path, capsys) -> None:
+    from PIL import Image
+
+    from primal_attention.cli import main
+
+    for split, names in (("train", ("ant", "bee")), ("test", ("ant", "wasp"))):
+        for name in names:
+            (tmp_path / "data" / split / name).mkdir(parents=True)
+            Image.new("RGB", (4, 4)).save(tmp_path / "data" / split / name / "a.png")
+    argv = ["train", str(CONFIG), "--out", str(tmp_path / "run"), *DIGITS, "--set", "data.name=image_folder",
+            "--set", f"data.data_dir={tmp_path / 'data'}", "--set", "data.options.image_size=4", "--set", "train.epochs=1"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "class folders ['wasp'] are not in" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "run" / "seed_0" / "checkpoints").exists()  # refused before the first step

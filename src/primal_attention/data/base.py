@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import numpy as np
+import sys
+
 import torch
 
 
@@ -102,11 +103,12 @@ class SequenceData:
         """Per-example metadata (tensors / arrays whose first axis is M) follows the subset; the rest
         (names, statistics, lists) is shared."""
         m = len(self)
+        np = sys.modules.get("numpy")  # a torch-only install has no numpy, and then no value is an ndarray
         out = {}
         for key, value in self.meta.items():
             if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] == m:
                 out[key] = value[index]
-            elif isinstance(value, np.ndarray) and value.ndim > 0 and value.shape[0] == m:
+            elif np is not None and isinstance(value, np.ndarray) and value.ndim > 0 and value.shape[0] == m:
                 out[key] = value[index.numpy()]
             else:
                 out[key] = value

@@ -377,8 +377,9 @@ class LMData:
         if not isinstance(length, int) or length < 1:
             raise ValueError(f"LMData: block_len must be a positive int, got {length!r}")
         if self.tokens.numel() < length + 1:
-            raise DataError(f"LMData {self.split}: {self.tokens.numel()} tokens cannot fill one block of "
-                            f"{length} + 1")
+            source = self.meta.get("source")
+            raise DataError(f"LMData {self.split}{f' ({source})' if source else ''}: {self.tokens.numel()} tokens "
+                            f"cannot fill one block of {length} + 1")
         return self.tokens.unfold(0, length + 1, length)
 
     def __len__(self) -> int:
@@ -455,6 +456,8 @@ def load_lm_files(data_dir: str | Path, split: str, *, vocab_size: int, block_le
                                  tokenizer_path or cache_dir("lm") / f"bpe-{vocab_size}-files-{_sha(train_text)}.json", progress)
     path = _text_file(root, split)
     text = train_text if split == "train" else _read_text_file(path)
+    if not text.strip():
+        raise DataError(f"{path}: the {split} text is empty")
     cached = cache_dir("lm") / f"tokens-{_sha(tok.to_json() + _sha(text))}-file.npy"
     if cached.is_file():
         tokens = torch.from_numpy(np.load(cached).astype(np.int64))

@@ -15,6 +15,8 @@ divided by :data:`RETURN_SCALE`, timesteps are capped at ``max_ep_len - 1``.
 
 from __future__ import annotations
 
+import zipfile
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,13 +26,15 @@ import torch
 
 from primal_attention.data.base import Batch, DataError
 
-__all__ = ["D4RL_SCORES", "DATASETS", "ENVS", "RETURN_SCALE", "TARGET_RETURNS", "RLData", "dataset_file", "dataset_name",
+__all__ = ["D4RL_SCORES", "DATASETS", "ENVS", "ENV_SIZES", "RETURN_SCALE", "TARGET_RETURNS", "RLData", "dataset_file", "dataset_name",
            "env_key", "episodes", "load_transitions", "normalized_score", "returns_to_go"]
 
 #: D4RL's reference returns (random, expert) per environment, from its ``infos.py``.
 D4RL_SCORES = {"hopper": (-20.272305, 3234.3), "halfcheetah": (-280.178953, 12135.0), "walker2d": (1.629008, 4592.3)}
 #: our environment name -> the gymnasium environment (same observation and action sizes as D4RL's).
 ENVS = {"hopper": "Hopper-v5", "halfcheetah": "HalfCheetah-v5", "walker2d": "Walker2d-v5"}
+#: (observation size, action size) of those environments, D4RL's too: a dataset must match them.
+ENV_SIZES = {"hopper": (11, 3), "halfcheetah": (17, 6), "walker2d": (17, 6)}
 #: the three D4RL datasets per environment of the paper's Table 4.
 DATASETS = ("medium", "medium-replay", "medium-expert")
 #: the authors' evaluation targets (the first is the default), per environment.
@@ -78,8 +82,11 @@ def returns_to_go(rewards: np.ndarray, gamma: float = 1.0) -> np.ndarray:
     return out
 
 
-def load_transitions(path: str | Path) -> dict[str, np.ndarray]:
-    """D4RL's fields of an ``.npz`` or ``.hdf5`` file, checked (present, same length, finite)."""
+def load_transitions(path: str | Path, env: str | None = None) -> dict[str, np.ndarray]:
+    """D4RL's fields of an ``.npz`` or ``.hdf5`` file, checked: present, same length, observations
+    and actions (T, S) / (T, A) numbers, rewards / terminals / timeouts (T,), finite; with ``env``,
+    S and A are those of that environment (:data:`ENV_SIZES`), so a dataset of another environment
+    fails here instead of at the first rollout, after training."""
     path = Path(path)
     if not path.is_file():
         raise DataError(f"no RL dataset at {path}" + (" (collect it with `primal data collect-rl ENV`)"
@@ -101,14 +108,32 @@ def load_transitions(path: str | Path) -> dict[str, np.ndarray]:
                 if missing:
                     raise DataError(f"{path}: missing {', '.join(missing)} (D4RL's fields: {', '.join(FIELDS)})")
                 data = {k: f[k] for k in FIELDS}
-        except (OSError, ValueError) as err:
-            raise DataError(f"{path}: not a readable .npz file ({err})") from err
+        except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as err:  # also a truncated file
+            raise DataError(f"{path}: not a readable .npz file ({type(err).__name__}: {err})") from err
+    ranks = {"observations": 2, "actions": 2, "rewards": 1, "terminals": 1, "timeouts": 1}
+    wrong = [k for k in FIELDS if data[k].ndim != ranks[k]]
+    if wrong:
+        raise DataError(f"{path}: expected observations (T, S), actions (T, A) and rewards / terminals / timeouts "
+                        f"(T,), got {', '.join(f'{k} {data[k].shape}' for k in wrong)}")
     n = len(data["rewards"])
     bad = [k for k in FIELDS if len(data[k]) != n]
-    if bad or data["observations"].ndim != 2 or data["actions"].ndim != 2:
-        raise DataError(f"{path}: fields of different lengths or ranks ({ {k: data[k].shape for k in FIELDS} })")
+    if bad:
+        raise DataError(f"{path}: fields of different lengths ({ {k: data[k].shape for k in FIELDS} })")
     if n == 0:
         raise DataError(f"{path}: holds no transitions")
+    kinds = {k: data[k].dtype.kind for k in FIELDS}
+    not_numbers = [f"{k} {data[k].dtype}" for k in FIELDS if kinds[k] not in "biuf"]
+    if not_numbers:
+        raise DataError(f"{path}: expected numeric fields (terminals / timeouts bool or 0 / 1), got {', '.join(not_numbers)}")
+    flags = [k for k in ("terminals", "timeouts") if kinds[k] != "b" and not np.isin(data[k], (0, 1)).all()]
+    if flags:
+        raise DataError(f"{path}: expected {' and '.join(flags)} of 0 / 1 (or bool), got other values")
+    if env is not None:
+        want = ENV_SIZES[env_key(env)]
+        got = (data["observations"].shape[1], data["actions"].shape[1])
+        if got != want:
+            raise DataError(f"{path}: expected observations of size {want[0]} and actions of size {want[1]} for "
+                            f"{env_key(env)}, got {got[0]} and {got[1]} (a dataset of another environment?)")
     for k in ("observations", "actions", "rewards"):
         if not np.isfinite(data[k]).all():
             raise DataError(f"{path}: {k} holds NaN or inf")

@@ -44,6 +44,11 @@ from primal_attention.data.rl import D4RL_SCORES, ENVS, env_key
 __all__ = ["CollectConfig", "collect_rl"]
 
 
+#: the largest collection seed: SAC's seed is seed · 100 003 + chunk, and stable-baselines3 hands it to
+#: numpy, which takes seeds below 2**32.
+MAX_SEED = 40_000
+
+
 @dataclass
 class CollectConfig:
     """A collection: environment, seed and the CPU budget (SAC steps, rollout transitions)."""
@@ -64,9 +69,15 @@ class CollectConfig:
         env_key(self.env)
         ints = {k: getattr(self, k) for k in ("medium_max_steps", "expert_steps", "chunk", "eval_episodes",
                                                "transitions", "rollout_envs", "threads")}
-        bad = [f"{k}={v}" for k, v in ints.items() if v < 1]
-        if bad or self.learning_starts < 0 or not 0 <= self.medium_fraction <= 1.5:
-            raise ValueError(f"collect-rl: bad budget ({', '.join(bad) or f'medium_fraction={self.medium_fraction}'})")
+        bad = [f"{k} must be >= 1, got {v}" for k, v in ints.items() if v < 1]
+        if self.learning_starts < 0:
+            bad.append(f"learning_starts must be >= 0, got {self.learning_starts}")
+        if not 0 <= self.medium_fraction <= 1.5:
+            bad.append(f"medium_fraction must be in [0, 1.5], got {self.medium_fraction}")
+        if not 0 <= self.seed <= MAX_SEED:
+            bad.append(f"seed must be in [0, {MAX_SEED}], got {self.seed}")
+        if bad:  # the CLI's options are these names with dashes (--learning-starts)
+            raise ValueError(f"collect-rl: {'; '.join(bad)}")
         if self.medium_max_steps > self.expert_steps:
             raise ValueError(f"collect-rl: medium_max_steps {self.medium_max_steps} exceeds expert_steps {self.expert_steps}")
 

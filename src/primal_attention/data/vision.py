@@ -184,35 +184,52 @@ def _read_image(path: Path, size: int) -> np.ndarray:
             img = img.resize((w, h), Image.Resampling.BICUBIC)
             left, top = (w - size) // 2, (h - size) // 2
             return np.asarray(img.crop((left, top, left + size, top + size)), dtype=np.uint8)
+    except Image.DecompressionBombError as exc:  # PIL's guard against images that expand to gigabytes
+        raise DataError(f"{path}: not read: {exc} (PIL.Image.MAX_IMAGE_PIXELS sets the limit)") from exc
     except (OSError, UnidentifiedImageError, ValueError) as exc:
         raise DataError(f"{path}: not a readable image ({exc})") from exc
+
+
+def _class_folders(folder: Path) -> list[str]:
+    """The sorted class folder names of an ImageFolder split."""
+    if not folder.is_dir():
+        raise DataError(f"{folder}: no such folder (expected an ImageFolder tree root/<split>/<class>/<image>)")
+    classes = sorted(d.name for d in folder.iterdir() if d.is_dir())
+    if not classes:
+        raise DataError(f"{folder}: no class folders (expected {folder}/<class>/<image>)")
+    return classes
 
 
 def load_image_folder(root: str | Path, split: str, *, image_size: int, num_examples: int | None = None, seed: int = 0,
                       mean: Sequence[float] = IMAGENET_MEAN, std: Sequence[float] = IMAGENET_STD) -> ImageData:
     """An ImageFolder tree ``root/<split>/<class>/<image>`` (e.g. ImageNet's train / val) as RGB images.
 
-    Classes are the sorted class folder names (index = position; in ``meta["classes"]``); images are
-    the files ending in :data:`IMAGE_EXTENSIONS`, resized (shorter side to ``image_size``) and
-    centre-cropped, then normalised with ``mean`` / ``std`` (ImageNet's by default).
-    ``num_examples``: a fixed random subset, chosen before any image is read.
+    Classes are the sorted class folder names of ``root/train`` in every split (index = position; in
+    ``meta["classes"]``), so a label means the same class in train and test: a class missing from
+    test/ is fine, a class folder in test/ that train/ lacks is an error. Images are the files
+    ending in :data:`IMAGE_EXTENSIONS`, resized (shorter side to ``image_size``) and centre-cropped,
+    then normalised with ``mean`` / ``std`` (ImageNet's by default). ``num_examples``: a fixed
+    random subset, chosen before any image is read.
 
     Raises:
-        DataError: the split folder is missing, has no class folders, a class has no images, or an
-            image cannot be read (the message names the file).
+        DataError: the split folder is missing, has no class folders, a class has no images, a
+            class is unknown to train/, or an image cannot be read (the message names the file).
     """
     if not isinstance(image_size, int) or image_size <= 0:
         raise ValueError(f"image_size must be a positive int, got {image_size!r}")
     folder = Path(root) / split
-    if not folder.is_dir():
-        raise DataError(f"{folder}: no such folder (expected an ImageFolder tree root/<split>/<class>/<image>)")
-    classes = sorted(d.name for d in folder.iterdir() if d.is_dir())
-    if not classes:
-        raise DataError(f"{folder}: no class folders (expected {folder}/<class>/<image>)")
+    own = _class_folders(folder)
+    classes = own if split == "train" else _class_folders(Path(root) / "train")
+    unknown = sorted(set(own) - set(classes))
+    if unknown:
+        raise DataError(f"{folder}: class folders {unknown} are not in {Path(root) / 'train'} "
+                        f"(labels are numbered by the train/ classes {classes})")
     files: list[Path] = []
     labels: list[int] = []
     empty = []
     for label, name in enumerate(classes):
+        if name not in own:  # a class this split lacks
+            continue
         found = sorted(p for p in (folder / name).iterdir() if p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS)
         if not found:
             empty.append(name)

@@ -18,16 +18,18 @@ because the authors' objective (means over tokens, Λ squared) fixes Λ only up 
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 from torch import Tensor, nn
 
 from primal_attention import reference
-from primal_attention.data.base import Batch
 from primal_attention.ksvd.loss import primal_layers
 from primal_attention.layers.inputs import record_inputs
 from primal_attention.layers.primal import PrimalAttention
+
+if TYPE_CHECKING:
+    from primal_attention.data.base import Batch
 
 
 class KKTResiduals(NamedTuple):

@@ -25,6 +25,10 @@ IMPLS = ("fast", "reference")
 #: what one forward keeps for its KSVD objective: the fast path's cache or the reference trace.
 KSVDTerm = functional.PrimalCache | reference.PrimalTrace
 
+#: an optional per-token map of the projections ``[q | k]`` (B, N, 2D) -> (B, N, 2D), e.g. a
+#: rotary position embedding (see ``PrimalAttention.forward``).
+QKTransform = Callable[[Tensor], Tensor]
+
 
 class PrimalDecodePlan(NamedTuple):
     """The fused decoding step of a causal :class:`PrimalAttention` (:meth:`PrimalAttention.decode_plan`).
@@ -276,8 +280,21 @@ class PrimalAttention(nn.Module):
             self.out_proj.bias,
         )
 
-    def forward(self, x: Tensor, mask: Tensor | None = None, *, attn_mask: Tensor | None = None) -> Tensor:
-        """x: (B, N, D); mask (or timm's attn_mask): (B, N) bool, True = real token -> (B, N, D)."""
+    def forward(
+        self,
+        x: Tensor,
+        mask: Tensor | None = None,
+        *,
+        attn_mask: Tensor | None = None,
+        qk_transform: QKTransform | None = None,
+    ) -> Tensor:
+        """x: (B, N, D); mask (or timm's attn_mask): (B, N) bool, True = real token -> (B, N, D).
+
+        qk_transform: applied to the projections ``[q | k]`` (B, N, 2D) token by token, before the
+        causal prefix mean and the feature map (e.g. a rotary position embedding for these N
+        positions); returns the same shape. None (default): the layer as in docs/method.md.
+        Only with ``impl="fast"``.
+        """
         mask = resolve_mask(mask, attn_mask, "PrimalAttention")
         check_input(x, mask, self.embed_dim, check_finite=self.check_finite, name="PrimalAttention",
                     dtype=self.q_proj.weight.dtype)
@@ -291,9 +308,12 @@ class PrimalAttention(nn.Module):
                 sampling=self.sampling,
                 dropout_p=self.dropout,
                 training=self.training,
+                qk_transform=qk_transform,
             )
             self._record(cache)
             return out
+        if qk_transform is not None:
+            raise ValueError("PrimalAttention: qk_transform needs impl='fast'; the reference path has none")
         if self.training and self.dropout > 0.0:
             raise ValueError("PrimalAttention: the reference path (impl='reference') has no dropout")
         trace = reference.primal_attention(
@@ -361,7 +381,12 @@ class PrimalAttention(nn.Module):
         self._terms = []
 
     def step(
-        self, x_t: Tensor, state: PrimalState | None = None, mask_t: Tensor | None = None
+        self,
+        x_t: Tensor,
+        state: PrimalState | None = None,
+        mask_t: Tensor | None = None,
+        *,
+        qk_transform: QKTransform | None = None,
     ) -> tuple[Tensor, PrimalState]:
         """Incremental decoding for causal layers: O(1) time and memory per token.
 
@@ -370,6 +395,8 @@ class PrimalAttention(nn.Module):
             state: the running sums returned by the previous call, or None to start.
             mask_t: (B,) bool, False where this step is padding for a sample: its state is not
                 advanced and its output is ``out_proj.bias``, as in the full forward.
+            qk_transform: as in :meth:`forward`, called on ``[q_t | k_t]`` of shape (B, 1, 2D)
+                (for this token's position).
 
         Returns:
             out_t with x_t's shape, and the new state. Equal to row t of ``forward`` on the prefix.
@@ -394,13 +421,15 @@ class PrimalAttention(nn.Module):
             state = PrimalState(torch.zeros(batch, 2 * self.embed_dim, dtype=acc, device=x_t.device),
                                 torch.zeros(batch, dtype=acc, device=x_t.device))
         self._check_state(state, batch, acc, x_t.device)
-        if mask_t is None and self.fused_step_ok(x_t):
+        if mask_t is None and qk_transform is None and self.fused_step_ok(x_t):
             out, total, count = fused_step(self.decode_plan(), x_t, state.total, state.count[:, None])
             return (out[:, None] if token_axis else out), PrimalState(total, count[:, 0])
         w = self.weights()
         qk_weight = torch.cat([w.q_weight, w.k_weight], dim=0)
         qk_bias = None if w.q_bias is None else torch.cat([w.q_bias, w.k_bias], dim=0)
         qk = F.linear(x_t, qk_weight, qk_bias)  # (B, 2D), in the autocast dtype under autocast
+        if qk_transform is not None:
+            qk = qk_transform(qk[:, None])[:, 0]
         real = torch.ones(batch, dtype=acc, device=qk.device) if mask_t is None else mask_t.to(acc)
         total = state.total + qk.to(acc) * real[:, None]
         count = state.count + real
@@ -462,21 +491,27 @@ class PrimalAttention(nn.Module):
                              f"total {state.total.dtype} on {state.total.device} and count {state.count.dtype} "
                              f"on {state.count.device}")
 
-    def prefill_state(self, x: Tensor, mask: Tensor | None = None) -> PrimalState:
-        """The :meth:`step` state after the whole prefix x (B, N, D): Σ [q | k] over the real tokens
-        (mask (B, N) bool, True = real; None: all) and their number."""
+    def prefill_state(
+        self, x: Tensor, mask: Tensor | None = None, *, qk_transform: QKTransform | None = None
+    ) -> PrimalState:
+        """The :meth:`step` state after the whole prefix x (B, N, D): Σ [q | k] over real tokens and their count.
+
+        mask: (B, N) bool (True = real token) or None (all real); qk_transform: as in :meth:`forward`.
+        """
         if not self.causal:
             raise RuntimeError("PrimalAttention.prefill_state: only causal layers decode incrementally")
         w = self.weights()
         acc = torch.promote_types(w.q_weight.dtype, torch.float32)
         qk_weight = torch.cat([w.q_weight, w.k_weight], dim=0)
         qk_bias = None if w.q_bias is None else torch.cat([w.q_bias, w.k_bias], dim=0)
-        qk = F.linear(x, qk_weight, qk_bias).to(acc)
-        if mask is not None:
-            real = mask.to(acc)
-            return PrimalState((qk * real[:, :, None]).sum(dim=1), real.sum(dim=1))
-        total = qk.sum(dim=1)
-        return PrimalState(total, torch.full((x.shape[0],), float(x.shape[1]), dtype=acc, device=x.device))
+        qk = F.linear(x, qk_weight, qk_bias)
+        if qk_transform is not None:
+            qk = qk_transform(qk)
+        if mask is None:
+            total = qk.to(acc).sum(dim=1)
+            return PrimalState(total, torch.full((x.shape[0],), float(x.shape[1]), dtype=acc, device=x.device))
+        real = mask.to(acc)
+        return PrimalState((qk.to(acc) * real[:, :, None]).sum(dim=1), real.sum(dim=1))
 
     def extra_repr(self) -> str:
         n = f", num_samples={self.num_samples}" if not self.causal else ""

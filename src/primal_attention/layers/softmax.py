@@ -119,7 +119,8 @@ class SoftmaxAttention(nn.Module):
         def heads(t: Tensor) -> Tensor:
             return t.view(batch, seq_len, self.num_heads, self.head_dim).transpose(1, 2)
 
-        q, k, v = heads(self.q_proj(x)), heads(self.k_proj(x)), heads(self.v_proj(x))
+        x_kv, tainted = self._finite_tokens(x, mask)
+        q, k, v = heads(self.q_proj(x)), heads(self.k_proj(x_kv)), heads(self.v_proj(x_kv))
         p = self.dropout if self.training else 0.0
         if self.fused:
             if mask is None and self.causal:
@@ -132,9 +133,11 @@ class SoftmaxAttention(nn.Module):
             if keep is not None:
                 scores = scores.masked_fill(~keep, float("-inf"))
             y = F.dropout(scores.softmax(dim=-1), p=p, training=p > 0) @ v
+        if tainted is not None:
+            y = y.masked_fill(tainted[:, None, :, None], float("nan"))
         y = y.transpose(1, 2).reshape(batch, seq_len, dim)
-        if mask is not None:
-            y = y * mask[:, :, None].to(y.dtype)
+        if mask is not None:  # a fill, not a product: a padding row stays out_proj.bias even if it was NaN
+            y = y.masked_fill(~mask[:, :, None], 0.0)
         return self.out_proj(y)
 
     def decode_plan(self) -> SoftmaxDecodePlan:
@@ -155,6 +158,30 @@ class SoftmaxAttention(nn.Module):
                                      self.num_heads, self.head_dim)
         self._plan = (key, plan)
         return plan
+
+    def _finite_tokens(self, x: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor | None]:
+        """x (B, N, D) for the keys and values, with the tokens that hold NaN / inf zeroed, and
+        ``tainted`` (B, N), the rows that attend to such a token; (x, None) when every row attends
+        to every token (nothing to keep apart).
+
+        A masked-out (future or padding) key gets weight exactly 0, yet 0 · NaN is NaN in the
+        product with v (and NaN + -inf is NaN in a kernel that adds the mask), so one bad token
+        would turn every earlier row NaN. Zeroed, it cannot; the rows that do attend to it are set
+        back to NaN, so every row is what the unfused math gives it and NaN still surfaces.
+        """
+        if mask is None and not self.causal:
+            return x, None
+        # A token's sum is non-finite iff one of its values is: one reduction instead of isfinite's
+        # several passes; the float32 (or wider) sum cannot overflow for values attention can take.
+        bad = ~torch.isfinite(x.sum(-1, dtype=torch.promote_types(x.dtype, torch.float32)))  # (B, N)
+        # On the CPU reading the flag costs no wait, so the copy is made only when a token is bad;
+        # on an accelerator (and under torch.compile, where it would break the graph) it is not read.
+        if x.device.type == "cpu" and not torch.compiler.is_compiling() and not bool(bad.any()):
+            return x, None
+        x = x.masked_fill(bad[..., None], 0.0)
+        if mask is not None:
+            bad = bad & mask  # padding is never attended to
+        return x, (bad.cumsum(-1) > 0 if self.causal else bad.any(-1, keepdim=True))
 
     def prefill_state(self, x: Tensor) -> KVCache:
         """The decoding state after the whole prefix x (B, N, D): its keys and values (no padding)."""

@@ -43,6 +43,10 @@ class DecisionTransformerConfig:
     dropout: float = 0.1
     activation: str = "relu"
     action_tanh: bool = True
+    #: "gpt2": every Linear inside the blocks (the primal layer's too) N(0, 0.02) with zero bias — what the
+    #: authors' GPT2Model.init_weights does; the embeddings and the action head keep PyTorch's defaults
+    #: there too. "torch": PyTorch's defaults everywhere (the previous init).
+    block_init: str = "gpt2"
 
 
 class DTState(NamedTuple):
@@ -62,6 +66,8 @@ class DecisionTransformer(nn.Module):
         if c.state_dim < 1 or c.act_dim < 1 or c.context < 1 or c.max_ep_len < 1:
             raise ValueError(f"DecisionTransformer: state_dim, act_dim, context and max_ep_len must be positive, got "
                              f"{c.state_dim}, {c.act_dim}, {c.context}, {c.max_ep_len}")
+        if c.block_init not in ("gpt2", "torch"):
+            raise ValueError(f"DecisionTransformer: block_init must be gpt2 or torch, got {c.block_init!r}")
         self.config = c
         self.embed_timestep = nn.Embedding(c.max_ep_len, c.dim)
         self.embed_return = nn.Linear(1, c.dim)
@@ -73,6 +79,12 @@ class DecisionTransformer(nn.Module):
                                         max_seq_len=3 * c.context, attention_options=c.attention_options,
                                         activation=c.activation)
         self.predict_action = nn.Sequential(nn.Linear(c.dim, c.act_dim), *([nn.Tanh()] if c.action_tanh else []))
+        if c.block_init == "gpt2":
+            for module in self.decoder.modules():
+                if isinstance(module, nn.Linear):
+                    nn.init.normal_(module.weight, std=0.02)
+                    if module.bias is not None:
+                        nn.init.zeros_(module.bias)
 
     def _check(self, x: Tensor, actions: Tensor, returns_to_go: Tensor, timesteps: Tensor, mask: Tensor | None) -> None:
         c = self.config

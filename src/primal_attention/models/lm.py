@@ -6,6 +6,7 @@ The paper's WikiText-103 setting makes only the last layer primal (causal family
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -15,6 +16,7 @@ from torch import Tensor, nn
 
 from primal_attention.layers.inputs import record_inputs
 from primal_attention.layers.primal import PrimalAttention
+from primal_attention.layers.softmax import KVCache
 from primal_attention.models.transformer import TransformerStack
 from primal_attention.models.dropout import Dropout
 
@@ -98,15 +100,45 @@ class CausalLM(nn.Module):
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1), reduction=reduction)
 
     def step(self, tokens_t: Tensor, state: LMState | None = None) -> tuple[Tensor, LMState]:
-        """tokens_t (B,) int64, the state (None to start) -> logits (B, V) for the next token, new state."""
+        """tokens_t (B,) int64, the state (None to start) -> logits (B, V) for the next token, new state.
+
+        Checked as :meth:`forward` checks its input: ids in the vocabulary, and a state whose position
+        is an int in [0, max_seq_len) that agrees with the length of its KV caches.
+        """
         if tokens_t.dim() != 1 or tokens_t.dtype != torch.int64:
             raise ValueError(f"CausalLM.step: expected int64 tokens (B,), got {tuple(tokens_t.shape)} {tokens_t.dtype}")
         self._check_eval("step")
-        if state is not None and not isinstance(state, LMState):
+        if tokens_t.numel():
+            low, high = torch.stack(torch.aminmax(tokens_t)).tolist()  # one transfer from the device
+            if low < 0 or high >= self.config.vocab_size:
+                raise ValueError(f"CausalLM.step: token ids must be in [0, {self.config.vocab_size}), got [{low}, {high}]")
+        if state is not None:
+            self._check_state(state)
+        return self._step(tokens_t, state)
+
+    def _check_state(self, state: LMState) -> None:
+        if not isinstance(state, LMState):
             raise TypeError(f"CausalLM.step: expected an LMState (or None to start), got {type(state).__name__}")
-        position = 0 if state is None else state.position
+        position = state.position
+        if isinstance(position, bool) or not isinstance(position, int) or position < 0:
+            raise ValueError(f"CausalLM.step: expected state.position to be an int >= 0, got {position!r}")
         if position >= self.config.max_seq_len:
             raise ValueError(f"CausalLM.step: position {position} is past max_seq_len {self.config.max_seq_len}")
+        if not isinstance(state.layers, (list, tuple)):
+            raise TypeError(f"CausalLM.step: expected state.layers to be a list, got {type(state.layers).__name__}")
+        for i, layer in enumerate(state.layers):
+            # A KV cache holds one entry per token so far: its length is the position (read from
+            # the shape, so no wait for the device). A primal state has no such length to compare.
+            if isinstance(layer, KVCache) and isinstance(layer.k, Tensor) and layer.k.dim() == 4 \
+                    and layer.k.shape[2] != position:
+                raise ValueError(f"CausalLM.step: state.position is {position} but block {i}'s KV cache holds "
+                                 f"{layer.k.shape[2]} tokens (a state of another sequence, or an edited one?)")
+
+    def _step(self, tokens_t: Tensor, state: LMState | None) -> tuple[Tensor, LMState]:
+        """:meth:`step` without its checks (for callers whose tokens and states are their own). Without
+        gradients every block takes its fused step (:meth:`TransformerStack.step`) and the logits come
+        from a contiguous copy of the head (:meth:`head_t`)."""
+        position = 0 if state is None else state.position
         weight = self.embed.weight
         h = torch.add(self.pos[position], F.embedding(tokens_t, weight), alpha=self.embed_scale)
         h, layers = self.decoder.step(h, None if state is None else state.layers)
@@ -161,8 +193,9 @@ class CausalLM(nn.Module):
                  generator: torch.Generator | None = None, lengths: Tensor | None = None, pad_id: int = 0) -> Tensor:
         """Sample a continuation: prompt (B, N0) int64 -> (B, N0 + max_new_tokens).
 
-        temperature 0 is greedy decoding; top_k keeps the k most likely tokens before sampling.
-        The model must be in eval mode (no dropout); it is put there and restored.
+        temperature 0 is greedy decoding, and a tiny positive one tends to it (never to NaN); top_k
+        keeps the k most likely tokens before sampling. The model must be in eval mode (no dropout);
+        it is put there and restored.
 
         lengths (B,) int64: prompts of different lengths, right-padded to N0; row b of the result is
         ``prompt[b, :lengths[b]]``, its ``max_new_tokens`` new tokens, then ``pad_id``. Each row equals
@@ -176,8 +209,11 @@ class CausalLM(nn.Module):
         if prompt.shape[1] + max_new_tokens > self.config.max_seq_len:
             raise ValueError(f"CausalLM.generate: prompt length {prompt.shape[1]} + {max_new_tokens} new tokens "
                              f"exceeds max_seq_len {self.config.max_seq_len}")
-        if temperature < 0 or (top_k is not None and top_k <= 0):
-            raise ValueError(f"CausalLM.generate: need temperature >= 0 and top_k > 0, got {temperature}, {top_k}")
+        if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) \
+                or not (math.isfinite(temperature) and temperature >= 0):
+            raise ValueError(f"CausalLM.generate: temperature must be a finite number >= 0, got {temperature!r}")
+        if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k <= 0):
+            raise ValueError(f"CausalLM.generate: top_k must be an int > 0 or None, got {top_k!r}")
         batch, n0 = prompt.shape
         mask = None
         if lengths is not None:
@@ -205,7 +241,10 @@ class CausalLM(nn.Module):
                 if temperature == 0:
                     token = next_logits.argmax(-1)
                 else:
-                    scaled = next_logits / temperature
+                    # Shifted so the largest logit is 0 and divided by at least the dtype's smallest
+                    # normal number: a tiny temperature sends the others to -inf, never inf - inf = NaN.
+                    shifted = next_logits - next_logits.amax(-1, keepdim=True)
+                    scaled = shifted / max(temperature, torch.finfo(shifted.dtype).tiny)
                     if top_k is not None:
                         kth = scaled.topk(min(top_k, scaled.shape[-1]), dim=-1).values[:, -1:]
                         scaled = scaled.masked_fill(scaled < kth, float("-inf"))
@@ -257,7 +296,7 @@ class LMDecodeSession:
     def step(self, tokens_t: Tensor) -> Tensor:
         """tokens_t (B,) int64 -> logits (B, V) for the next token; the state advances in place."""
         if self.session is None:
-            logits, self.state = self.model.step(tokens_t, self.state)
+            logits, self.state = self.model._step(tokens_t, self.state)
             return logits
         pos = self.pos[self.position] if self.index is None else self.pos[self.index]
         h = torch.add(pos, F.embedding(tokens_t, self.weight), alpha=self.scale)

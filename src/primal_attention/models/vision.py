@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from primal_attention.layers.checks import check_dtype
 from primal_attention.models.dropout import Dropout
 from primal_attention.models.transformer import TransformerStack, hybrid_pattern
 
@@ -201,6 +202,7 @@ class VisionTransformer(nn.Module):
         if x.dim() != 4 or tuple(x.shape[1:]) != expected or not x.is_floating_point():
             raise ValueError(f"VisionTransformer: expected float images of shape (B, {', '.join(map(str, expected))}), "
                              f"got {tuple(x.shape)} {x.dtype}")
+        check_dtype(x, self.patch_embed.weight.dtype, "VisionTransformer")
 
     def encode(self, x: Tensor) -> Tensor:
         """x (B, C, H, W) -> the CLS token after the final norm: (B, dim)."""

@@ -7,22 +7,41 @@ is durable, and the newest ``keep`` (default 2) stay. A run killed at any moment
 or the new checkpoint, never a half-written one; a damaged ``latest`` falls back to the newest
 checkpoint that reads, and a directory with checkpoints none of which reads is an error, never a
 silent restart.
+
+``state.pt`` is read with ``torch.load(weights_only=True)``: tensors, numbers, strings, lists and dicts
+only, so a checkpoint someone sends you cannot run code when it is evaluated or resumed; one that
+tries is refused (:class:`UnsafeCheckpointError`) rather than skipped for an older checkpoint. The
+resolved config a checkpoint was trained with is stored as JSON in the metadata of its safetensors
+files (:func:`checkpoint_config`), so it is read without unpickling anything.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import pickle
+import re
 import shutil
 from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 
 
 class CheckpointError(ValueError):
     """A checkpoint or run directory is missing, unreadable, or does not fit the model."""
+
+
+class UnsafeCheckpointError(CheckpointError):
+    """A ``state.pt`` that names Python objects (functions, classes) to be called on load: it was
+    altered or written elsewhere, and unpickling it could run code."""
+
+
+#: key of the safetensors metadata that holds the config a checkpoint was trained with (JSON).
+CONFIG_METADATA = "primal_attention.config"
 
 
 def _fsync(path: Path) -> None:
@@ -36,9 +55,13 @@ def _fsync(path: Path) -> None:
 
 def _write_text_atomic(path: Path, text: str) -> None:
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    _fsync(tmp)
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(text)
+        _fsync(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     _fsync(path.parent)
 
 
@@ -54,37 +77,89 @@ def save_checkpoint(
     state: dict[str, Any],
     best: dict[str, torch.Tensor] | None = None,
     keep: int = 2,
+    config: dict[str, Any] | None = None,
 ) -> Path:
-    """Write ``directory/ckpt-<step>`` durably and point ``latest`` at it; then keep the newest ``keep``."""
+    """Write ``directory/ckpt-<step>`` durably and point ``latest`` at it; then keep the newest ``keep``.
+
+    ``config`` (the resolved experiment config as a nested mapping) is stored in the weights'
+    metadata. CheckpointError (one line) when the disk refuses the write: the temporary directory
+    is removed and the previous checkpoint, still named by ``latest``, stays as it was."""
     if keep < 1:
         raise ValueError(f"save_checkpoint: keep must be >= 1, got {keep}")
-    directory.mkdir(parents=True, exist_ok=True)
     final = directory / f"ckpt-{step:08d}"
     tmp = directory / f".ckpt-{step:08d}.tmp"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir()
-    save_file(state_tensors(model), str(tmp / "model.safetensors"))
-    if best is not None:
-        save_file(best, str(tmp / "best.safetensors"))
-    torch.save(state, tmp / "state.pt")
-    for f in tmp.iterdir():
-        _fsync(f)
-    _fsync(tmp)
+    metadata = None if config is None else {CONFIG_METADATA: json.dumps(config)}
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir()
+        save_file(state_tensors(model), str(tmp / "model.safetensors"), metadata=metadata)
+        if best is not None:
+            save_file(best, str(tmp / "best.safetensors"), metadata=metadata)
+        torch.save(state, tmp / "state.pt")
+        for f in tmp.iterdir():
+            _fsync(f)
+        _fsync(tmp)
+    except BaseException as err:  # also Ctrl-C: never leave a half-written temporary checkpoint
+        shutil.rmtree(tmp, ignore_errors=True)
+        # torch.save and safetensors report a failed write (disk full, quota, I/O error) as
+        # RuntimeError / SafetensorError, often without the OS error: every Exception here is one.
+        if isinstance(err, Exception):
+            kept = _pointer(directory)
+            raise CheckpointError(
+                f"cannot write checkpoint {final.name} in {directory} ({_os_reason(err)}); "
+                + (f"the previous checkpoint {kept} is intact" if kept else "no earlier checkpoint exists")
+            ) from err
+        raise
     if final.exists():
         shutil.rmtree(final)
     os.replace(tmp, final)
     _fsync(directory)
-    _write_text_atomic(directory / "latest", final.name)
+    try:
+        _write_text_atomic(directory / "latest", final.name)
+    except OSError as err:  # the new checkpoint is complete; latest_checkpoint finds it without the pointer
+        raise CheckpointError(f"wrote {final} but cannot update {directory / 'latest'} ({_os_reason(err)})") from err
     for old in sorted(directory.glob("ckpt-*"))[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return final
 
 
+#: how the OS error number appears in the text of torch's and safetensors' (Rust) write errors.
+_OS_CODE = re.compile(r"(?:os error|code:|Errno) ?(\d+)")
+
+
+def _os_reason(err: BaseException) -> str:
+    if isinstance(err, OSError) and err.errno is not None:
+        return err.strerror or os.strerror(err.errno)
+    found = _OS_CODE.search(str(err))
+    return os.strerror(int(found.group(1))) if found else f"{_one_line(err)}; is the disk full?"
+
+
+def _one_line(err: BaseException, limit: int = 200) -> str:
+    """The first non-empty line of an exception's text, at most ``limit`` characters."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    text = lines[0] if lines else type(err).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _pointer(directory: Path) -> str | None:
+    """The checkpoint ``latest`` names, when it names one that exists."""
+    pointer = directory / "latest"
+    try:
+        name = pointer.read_text(errors="replace").strip() if pointer.is_file() else ""
+    except OSError:
+        return None
+    return name if name.startswith("ckpt-") and (directory / name).is_dir() else None
+
+
 def _problem(ckpt: Path) -> str | None:
-    """Why a checkpoint directory does not load, or None when all its files are there and read."""
+    """Why a checkpoint directory does not load, or None when all its files are there and read.
+    A state that would run code is not a problem to step over but an error (UnsafeCheckpointError)."""
     try:
         load_checkpoint(ckpt)
+    except UnsafeCheckpointError:
+        raise
     except CheckpointError as err:
         return str(err)
     return None
@@ -161,12 +236,64 @@ def load_checkpoint(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]
 
     Raises CheckpointError when a file is missing or corrupt."""
     weights = read_weights(path / "model.safetensors")
-    try:
-        state = torch.load(path / "state.pt", weights_only=False)
-    except Exception as err:  # pickle / zip errors of a truncated or foreign file
-        raise CheckpointError(f"{path / 'state.pt'} is not a readable checkpoint state ({err})") from err
+    state = read_state(path / "state.pt")
     best = read_weights(path / "best.safetensors") if (path / "best.safetensors").is_file() else None
     return weights, state, best
+
+
+def read_state(file: Path) -> dict[str, Any]:
+    """The loop state of ``state.pt``, read with ``weights_only=True`` (never runs code).
+
+    Raises:
+        UnsafeCheckpointError: the file names a Python object to call (a crafted or foreign pickle).
+        CheckpointError: the file is missing, truncated or not a torch file.
+    """
+    if not file.is_file():
+        raise CheckpointError(f"{file} does not exist")
+    try:
+        state = torch.load(file, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        # torch's text varies by version; the object it refused follows "GLOBAL" in all of them.
+        found = re.search(r"GLOBAL ([\w.]+)", str(err))
+        if found:
+            raise UnsafeCheckpointError(
+                f"refusing to load {file}: it asks to call the Python object {found.group(1)}, which could run "
+                "code (a state.pt that primal train writes holds only tensors, numbers, strings, lists and dicts); "
+                "do not use this run folder unless you know who altered it") from None
+        raise CheckpointError(f"{file} is not a readable checkpoint state ({_weights_only_reason(err)})") from None
+    except Exception as err:  # zip / EOF errors of a truncated or foreign file
+        raise CheckpointError(f"{file} is not a readable checkpoint state ({_one_line(err)})") from err
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{file} is not a checkpoint state: expected a dict, got {type(state).__name__}")
+    return state
+
+
+def _weights_only_reason(err: BaseException) -> str:
+    """The line of torch's weights-only error that says what was wrong (its other lines are advice)."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    useful = [line for line in lines if not line.startswith(("Weights only load failed", "Check the documentation",
+                                                             "Please file an issue", "(1)", "(2)"))]
+    return _one_line(ValueError(useful[0] if useful else "not a weights-only torch file"))
+
+
+def checkpoint_config(ckpt: Path) -> dict[str, Any] | None:
+    """The config a checkpoint directory was trained with (see :func:`save_checkpoint`), or None for
+    a checkpoint written before checkpoints recorded it."""
+    file = ckpt / "model.safetensors"
+    try:
+        with safe_open(str(file), framework="pt") as f:
+            meta = f.metadata() or {}
+    except Exception as err:  # safetensors raises its own (Rust) error types
+        raise CheckpointError(f"{file} is not a readable safetensors file ({_one_line(err)})") from err
+    if CONFIG_METADATA not in meta:
+        return None
+    try:
+        config = json.loads(meta[CONFIG_METADATA])
+    except json.JSONDecodeError as err:
+        raise CheckpointError(f"{file}: the config in its metadata is not valid JSON ({err})") from err
+    if not isinstance(config, dict):
+        raise CheckpointError(f"{file}: the config in its metadata is not a mapping")
+    return config
 
 
 def find_run(path: Path) -> tuple[Path, Path]:

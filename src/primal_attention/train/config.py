@@ -110,10 +110,6 @@ paper's Primal.+DT); the other fields and their defaults are those of
 dropout, activation, action_tanh). State / action sizes, the context and the episode length come
 from the data.""", derived=frozenset({"state_dim", "act_dim", "context", "max_ep_len"}))
 
-#: data family -> its ``model:`` section.
-MODEL_SECTIONS = {"uea": ModelConfig, "fsdd": ModelConfig, "lra": ModelConfig, "vision": VisionModelConfig,
-                  "lm": LMModelConfig, "rl": RLModelConfig}
-
 
 @dataclass
 class OptimConfig:
@@ -182,7 +178,6 @@ class ExperimentConfig:
     def validate(self) -> None:
         """Raise ConfigError for values no run could use."""
         checks = [
-            (self.data.family in MODEL_SECTIONS, f"data.family must be one of {', '.join(MODEL_SECTIONS)}"),
             (0.0 < self.data.val_fraction < 1.0, "data.val_fraction must be in (0, 1)"),
             (self.model.kind in ("transformer", "primalformer", "primal+"), "model.kind must be transformer, primalformer or primal+"),
             (self.model.layers > 0, "model.layers must be positive"),
@@ -199,10 +194,6 @@ class ExperimentConfig:
             (self.train.eta >= 0, "train.eta must be >= 0"),
             (self.train.ksvd_reduction in ("batch", "sample"), "train.ksvd_reduction must be batch or sample"),
             (self.train.ksvd_weighting in ("mean", "summed"), "train.ksvd_weighting must be mean or summed"),
-            (self.data.family != "lm" or (self.data.seq_len or 0) > 0,
-             "data.seq_len (the context of the training blocks) must be a positive integer for data.family lm"),
-            (self.data.family != "rl" or (self.data.seq_len or 0) > 0,
-             "data.seq_len (the context K in steps) must be a positive integer for data.family rl"),
             (self.train.ksvd_form in ("authors", "paper"), "train.ksvd_form must be authors or paper"),
             (self.train.ksvd_distances_every >= 0, "train.ksvd_distances_every must be >= 0"),
             (self.train.protocol in ("authors", "holdout"), "train.protocol must be authors or holdout"),
@@ -296,7 +287,9 @@ def config_from_dict(values: dict[str, Any], overrides: list[str] | None = None)
         _apply_override(tree, o)
     model = tree.pop("model", {})
     cfg = _build(ExperimentConfig, tree)
-    section = MODEL_SECTIONS.get(cfg.data.family, ModelConfig)
+    from primal_attention.train.families import get_family  # the families import this module
+
+    section = get_family(cfg.data.family).model_section
     if not isinstance(model, dict):
         raise ConfigError(f"model: expected a mapping, got {type(model).__name__}")
     cfg.model = _build(section, model, "model")

@@ -18,11 +18,13 @@ from primal_attention.train.config import load_config
 from primal_attention.train.trainer import run_seeds
 
 
-def run_stored(config: Path, store: Path, work: Path, seed: int, overrides: Sequence[str] = ()) -> dict:
+def run_stored(config: Path, store: Path, work: Path, seed: int, overrides: Sequence[str] = (), *,
+               history_columns: Sequence[str] = ()) -> dict:
     """Metrics of ``config`` with ``overrides`` for ``seed``, trained only if ``store`` is missing.
 
     The run lives in ``work/seed_<seed>`` and resumes from its checkpoints; the metrics are written
-    to ``store`` with the equivalent ``primal train`` command.
+    to ``store`` with the equivalent ``primal train`` command and the evaluation history
+    (:func:`evaluation_history`, keeping also the columns that start with ``history_columns``).
     """
     if store.is_file():
         return json.loads(store.read_text())
@@ -34,20 +36,22 @@ def run_stored(config: Path, store: Path, work: Path, seed: int, overrides: Sequ
     run_seeds(load_config(config, sets), work, [seed], resume=True)
     metrics = json.loads((work / f"seed_{seed}" / "metrics.json").read_text())
     metrics["command"] = shlex.join(command)
-    metrics["history"] = evaluation_history(work / f"seed_{seed}" / "history.csv")
+    metrics["history"] = evaluation_history(work / f"seed_{seed}" / "history.csv", history_columns)
     store.parent.mkdir(parents=True, exist_ok=True)
     store.write_text(json.dumps(metrics, indent=2))
     return metrics
 
 
-def evaluation_history(path: Path) -> list[dict]:
+def evaluation_history(path: Path, columns: Sequence[str] = ()) -> list[dict]:
     """Every evaluation of a run's ``history.csv``: step, epoch, the train loss and the val / test
-    metrics (the KSVD diagnostics left out), so that a selection can be re-derived from the store."""
+    metrics, so that a selection can be re-derived from the store. The KSVD diagnostics are left out
+    unless asked for: ``columns`` are further prefixes to keep (e.g. ``("ksvd_distance/",)``)."""
     import csv
 
     if not path.is_file():
         return []
-    keep = lambda k: k in ("step", "epoch", "train_loss") or k.startswith(("val_", "test_"))  # noqa: E731
+    prefixes = ("val_", "test_", *columns)
+    keep = lambda k: k in ("step", "epoch", "train_loss") or k.startswith(prefixes)  # noqa: E731
     with path.open(newline="") as f:
         return [{k: float(v) for k, v in row.items() if keep(k) and v not in ("", None)} for row in csv.DictReader(f)]
 

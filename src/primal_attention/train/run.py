@@ -16,7 +16,8 @@ from torch import nn
 from primal_attention.train.checkpoint import CheckpointError, find_run, load_run_weights
 from primal_attention.train.config import ExperimentConfig, load_config
 from primal_attention.train.data import Splits, build_model, build_splits
-from primal_attention.train.trainer import resolve_device
+from primal_attention.train.families import get_family
+from primal_attention.train.trainer import check_trained_config, resolve_device
 
 if TYPE_CHECKING:
     from primal_attention.data.lm import BPETokenizer
@@ -46,7 +47,8 @@ def load_run(path: str | Path, *, overrides: list[str] | None = None, last: bool
     load their selected best weights unless ``last``.
 
     Raises:
-        CheckpointError: nothing loadable at ``path``, or weights that do not fit the config.
+        CheckpointError: nothing loadable at ``path``, weights that do not fit the config, or a
+            config.yaml whose model differs from the one the checkpoint was trained with.
         ConfigError, DataError: from the config and the data it names.
     """
     path = Path(path)
@@ -63,6 +65,7 @@ def load_run(path: str | Path, *, overrides: list[str] | None = None, last: bool
                 raise
             raise CheckpointError(f"{err}, and {path} is not a .yaml config") from err
         cfg = load_config(run_dir / "config.yaml")
+        check_trained_config(ckpt, cfg, run_dir / "config.yaml")
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
     splits = build_splits(cfg)
@@ -101,7 +104,8 @@ def load_lm_run(path: str | Path, *, last: bool = False) -> LoadedLM:
 
     run_dir, ckpt = find_run(Path(path))
     cfg = load_config(run_dir / "config.yaml")
-    if cfg.data.family != "lm":
+    check_trained_config(ckpt, cfg, run_dir / "config.yaml")
+    if not get_family(cfg.data.family).generates:
         raise CheckpointError(f"{run_dir} is a run of data.family {cfg.data.family}, not a language model (lm)")
     tok_path = run_dir / "tokenizer.json"
     if not tok_path.is_file():

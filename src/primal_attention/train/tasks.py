@@ -2,8 +2,9 @@
 bits/byte) or offline RL (action regression, scored by rollouts).
 
 A :class:`Task` gives the trainer the mean task loss of a batch, the metrics of an evaluation, which
-metric selects the evaluation point (and in which direction), and which metrics a run reports.
-:func:`task_for` picks it from the data; :func:`evaluate` runs one evaluation.
+metric selects the evaluation point (and in which direction), and which metrics a run reports. A run's
+data family (:mod:`primal_attention.train.families`) says which task it has; :meth:`Task.evaluate` runs
+one evaluation.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from torch import Tensor, nn
 
 from primal_attention.data.base import Batch
 
-__all__ = ["ACTION_REGRESSION", "CLASSIFICATION", "LANGUAGE_MODEL", "ActionRegression", "Task", "evaluate", "task_for"]
+__all__ = ["ACTION_REGRESSION", "CLASSIFICATION", "LANGUAGE_MODEL", "ActionRegression", "LanguageModel", "Task",
+           "evaluate"]
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,45 @@ class Task:
         """Whether metric value ``a`` beats ``b`` for :attr:`select`."""
         return a > b if self.maximize else a < b
 
+    @torch.no_grad()
+    def evaluate(self, model: nn.Module, data, batch_size: int, device: torch.device) -> dict[str, float]:
+        """One pass over ``data`` in eval mode (the model's mode is restored): ``acc`` and ``loss`` (mean
+        cross-entropy per target), and what :meth:`_extra` adds."""
+        was_training = model.training
+        model.eval()
+        correct, loss, count, nbytes = 0, 0.0, 0, 0
+        try:
+            for start in range(0, len(data), batch_size):
+                b = data.batch(torch.arange(start, min(start + batch_size, len(data)))).to(device)
+                logits = model(**b.inputs).float()
+                loss += F.cross_entropy(logits.reshape(-1, logits.shape[-1]), b.y.reshape(-1), reduction="sum").item()
+                correct += int((logits.argmax(-1) == b.y).sum())
+                count += b.y.numel()
+                nbytes += self._bytes(data, b)
+        finally:
+            model.train(was_training)
+        out = {"acc": correct / max(count, 1), "loss": loss / max(count, 1)}
+        out.update(self._extra(loss, nbytes, out["loss"]))
+        return out
+
+    def _bytes(self, data, batch: Batch) -> int:
+        return 0
+
+    def _extra(self, summed_loss: float, nbytes: int, mean_loss: float) -> dict[str, float]:
+        return {}
+
+
+@dataclass(frozen=True)
+class LanguageModel(Task):
+    """Next-token prediction: :meth:`evaluate` adds ``ppl`` = exp(loss) and ``bpb`` = summed NLL /
+    (ln 2 · the UTF-8 bytes the targets stand for), comparable across tokenisers."""
+
+    def _bytes(self, data, batch: Batch) -> int:
+        return int(data.token_bytes[batch.y.cpu()].sum())
+
+    def _extra(self, summed_loss: float, nbytes: int, mean_loss: float) -> dict[str, float]:
+        return {"ppl": math.exp(min(mean_loss, 700.0)), "bpb": summed_loss / (math.log(2) * max(nbytes, 1))}
+
 
 @dataclass(frozen=True)
 class ActionRegression(Task):
@@ -63,51 +104,19 @@ class ActionRegression(Task):
     def batch_accuracy(self, output: Tensor, batch: Batch) -> float:
         return float("nan")  # no accuracy for actions
 
+    def evaluate(self, model: nn.Module, data, batch_size: int, device: torch.device) -> dict[str, float]:
+        """Rollouts of ``data`` (a :class:`~primal_attention.train.rollout.RolloutSet`) in the environment."""
+        from primal_attention.train.rollout import rollout
+
+        return rollout(model, data, device)
+
 
 CLASSIFICATION = Task("classification", select="acc", maximize=True, reported=("acc",))
-LANGUAGE_MODEL = Task("language_model", select="loss", maximize=False, reported=("loss", "ppl", "bpb"))
+LANGUAGE_MODEL = LanguageModel("language_model", select="loss", maximize=False, reported=("loss", "ppl", "bpb"))
 ACTION_REGRESSION = ActionRegression("action_regression", select="score", maximize=True,
                                      reported=("score", "score_std", "return", "length"))
 
 
-def task_for(data) -> Task:
-    """The task of a dataset: language modelling for :class:`~primal_attention.data.lm.LMData`
-    (it has ``token_bytes``), action regression for RL segments and rollouts (they have
-    ``state_mean``), else classification."""
-    if hasattr(data, "state_mean"):
-        return ACTION_REGRESSION
-    return LANGUAGE_MODEL if hasattr(data, "token_bytes") else CLASSIFICATION
-
-
-@torch.no_grad()
-def evaluate(model: nn.Module, data, batch_size: int, device: torch.device) -> dict[str, float]:
-    """One pass over ``data`` in eval mode (the model's mode is restored).
-
-    Classification: ``acc`` and ``loss`` (mean cross-entropy per example). Language model:
-    ``loss`` (mean NLL per target token, nats), ``ppl`` = exp(loss), ``bpb`` = summed NLL /
-    (ln 2 · the UTF-8 bytes the targets stand for), comparable across tokenisers, and ``acc``
-    (next-token accuracy).
-    """
-    if hasattr(data, "target_return"):  # a RolloutSet
-        from primal_attention.train.rollout import rollout
-
-        return rollout(model, data, device)
-    lm = task_for(data) is LANGUAGE_MODEL
-    was_training = model.training
-    model.eval()
-    correct, loss, count, nbytes = 0, 0.0, 0, 0
-    try:
-        for start in range(0, len(data), batch_size):
-            b = data.batch(torch.arange(start, min(start + batch_size, len(data)))).to(device)
-            logits = model(**b.inputs).float()
-            loss += F.cross_entropy(logits.reshape(-1, logits.shape[-1]), b.y.reshape(-1), reduction="sum").item()
-            correct += int((logits.argmax(-1) == b.y).sum())
-            count += b.y.numel()
-            if lm:
-                nbytes += int(data.token_bytes[b.y.cpu()].sum())
-    finally:
-        model.train(was_training)
-    out = {"acc": correct / max(count, 1), "loss": loss / max(count, 1)}
-    if lm:
-        out.update(ppl=math.exp(min(out["loss"], 700.0)), bpb=loss / (math.log(2) * max(nbytes, 1)))
-    return out
+def evaluate(model: nn.Module, data, batch_size: int, device: torch.device, task: Task = CLASSIFICATION) -> dict[str, float]:
+    """``task.evaluate(model, data, batch_size, device)``: one evaluation of ``model`` on ``data``."""
+    return task.evaluate(model, data, batch_size, device)

@@ -20,6 +20,8 @@ import math
 import os
 import shutil
 import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,6 +34,7 @@ from primal_attention.data.base import Batch, SequenceData
 from primal_attention.ksvd import ksvd_diagnostics, ksvd_loss, ksvd_objectives, primal_layers
 from primal_attention.train.checkpoint import (
     CheckpointError,
+    checkpoint_config,
     fit_weights,
     latest_checkpoint,
     load_checkpoint,
@@ -41,7 +44,8 @@ from primal_attention.train.checkpoint import (
 from primal_attention.train.config import ConfigError, ExperimentConfig, config_to_dict, dump_config, load_config
 from primal_attention.train.data import Splits, build_model, build_splits, train_batch
 from primal_attention.train.stats import mean_std
-from primal_attention.train.tasks import Task, evaluate, task_for
+from primal_attention.train.families import get_family
+from primal_attention.train.tasks import Task
 
 
 class RunError(ValueError):
@@ -72,6 +76,42 @@ def config_changes(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -
         elif a != b:
             out.append(key)
     return out
+
+
+#: data keys the model is sized from directly (the rest of ``data`` sizes it through the data, and
+#: other data gives weights of other shapes, which loading them already refuses).
+MODEL_DATA_KEYS = ("data.family", "data.seq_len", "data.options.vocab_size", "data.options.image_size",
+                   "data.options.max_ep_len")
+
+
+_MISSING = object()
+
+
+def _lookup(tree: dict[str, Any], key: str) -> Any:
+    """The value at a dotted key, or ``_MISSING``."""
+    for part in key.split("."):
+        if not isinstance(tree, dict) or part not in tree:
+            return _MISSING
+        tree = tree[part]
+    return tree
+
+
+def check_trained_config(ckpt: Path, cfg: ExperimentConfig, source: Path) -> None:
+    """CheckpointError unless ``cfg`` (read from ``source``) builds the model the checkpoint ``ckpt``
+    was trained with: every ``model.*`` key and :data:`MODEL_DATA_KEYS` must equal the config the
+    checkpoint recorded. A change such as ``model.activation`` keeps every weight's shape, so
+    loading the weights alone would not notice it. Checkpoints that recorded no config pass, and so
+    do keys they did not record (a field added since, whose default keeps the old model)."""
+    trained = checkpoint_config(ckpt)
+    if trained is None:
+        return
+    current = json.loads(json.dumps(config_to_dict(cfg)))  # the JSON form the checkpoint holds
+    changed = [k for k in config_changes(trained, current)
+               if (k.startswith("model.") or k in MODEL_DATA_KEYS) and _lookup(trained, k) is not _MISSING]
+    if changed:
+        diffs = ", ".join(f"{k} ({_lookup(trained, k)!r} there, {_lookup(current, k)!r} in {source.name})" for k in changed)
+        raise CheckpointError(f"{ckpt} was trained with another model than {source} describes: {diffs}; "
+                              f"restore {source.name} to the config the run was trained with")
 
 
 def check_resumable(stored: ExperimentConfig, cfg: ExperimentConfig, run_dir: Path) -> None:
@@ -152,6 +192,7 @@ class Trainer:
 
     def __init__(self, cfg: ExperimentConfig, out_dir: str | Path, *, resume: bool = False) -> None:
         self.cfg = cfg
+        self._task = get_family(cfg.data.family).task
         self.out = Path(out_dir)
         self.resume = resume
         self.world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -242,10 +283,10 @@ class Trainer:
         steps_per_epoch = math.ceil(len(splits.train) / t.batch_size)
         total = t.steps if t.steps is not None else t.epochs * steps_per_epoch
         scheduler = make_scheduler(cfg, optimizer, total)
-        if self.is_main and hasattr(splits.train, "tokenizer"):
-            self.out.mkdir(parents=True, exist_ok=True)
-            splits.train.tokenizer.save(self.out / "tokenizer.json")  # `primal generate` reads it
-        return _Loop(model, net, optimizer, scheduler, splits, total, steps_per_epoch, task_for(splits.train))
+        family = get_family(cfg.data.family)
+        if self.is_main:
+            family.prepare_run(splits, self.out)
+        return _Loop(model, net, optimizer, scheduler, splits, total, steps_per_epoch, family.task)
 
     def _restore(self, loop: _Loop) -> None:
         """Continue from the latest checkpoint, if there is one: weights, optimiser, schedule, RNG, history."""
@@ -255,6 +296,7 @@ class Trainer:
             if found is None:
                 return
             weights, state, loop.best_weights = load_checkpoint(found)
+            check_trained_config(found, self.cfg, self.out / "config.yaml")
             fit_weights(loop.model, weights, found / "model.safetensors")
         except CheckpointError as err:
             raise CheckpointError(f"cannot resume: {err}. Delete {ckpt_dir} to start this run afresh") from err
@@ -330,16 +372,16 @@ class Trainer:
             "wall_time": wall,
         }
         save_checkpoint(self.out / "checkpoints", loop.step, loop.model, state, loop.best_weights,
-                        keep=self.cfg.train.keep_checkpoints)
+                        keep=self.cfg.train.keep_checkpoints, config=config_to_dict(self.cfg))
 
     def _evaluate(self, model: nn.Module, splits, step: int, steps_per_epoch: int, last: dict[str, float]) -> dict[str, Any]:
         t = self.cfg.train
         row: dict[str, Any] = {"step": step, "epoch": step / steps_per_epoch, "train_loss": last["loss"],
                                "train_ksvd": last["ksvd"], "train_batch_acc": last["acc"]}
         if splits.val is not None:
-            row.update({f"val_{k}": v for k, v in evaluate(model, splits.val, t.eval_batch_size, self.device).items()})
+            row.update({f"val_{k}": v for k, v in self._task.evaluate(model, splits.val, t.eval_batch_size, self.device).items()})
         if t.protocol == "authors" or t.track_test:
-            row.update({f"test_{k}": v for k, v in evaluate(model, splits.test, t.eval_batch_size, self.device).items()})
+            row.update({f"test_{k}": v for k, v in self._task.evaluate(model, splits.test, t.eval_batch_size, self.device).items()})
         if primal_layers(model):
             # KSVD state (J, Λ, stationarity residuals) on a fixed batch: the first training examples.
             fixed = _first_batch(splits.train, t.eval_batch_size, self.device)
@@ -359,7 +401,11 @@ class Trainer:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError:  # tensorboard is an optional extra
             return None
-        return SummaryWriter(str(self.out / "tensorboard"), purge_step=step or None)
+        try:
+            return SummaryWriter(str(self.out / "tensorboard"), purge_step=step or None)
+        except OSError as err:  # it writes its first event file at once: a full disk shows here
+            raise RunError(f"cannot write TensorBoard events to {self.out / 'tensorboard'} "
+                           f"({err.strerror or err}); the checkpoints are untouched") from err
 
     def _log(self, writer, history: list[dict[str, Any]]) -> None:
         """Rewrite history.csv from the loop state (so a resumed run never duplicates rows)."""
@@ -400,7 +446,7 @@ class Trainer:
         else:
             selected = build_model(self.cfg, splits.train).to(self.device)
             selected.load_state_dict(best_weights)
-            test = evaluate(selected, splits.test, t.eval_batch_size, self.device)
+            test = task.evaluate(selected, splits.test, t.eval_batch_size, self.device)
             metrics.update({f"test_{m}": test[m] for m in reported})
             metrics.update({f"best_val_{m}": best[f"val_{m}"] for m in reported}, best_epoch=best["epoch"])
             metrics.update({f"final_val_{m}": history[-1][f"val_{m}"] for m in reported})
@@ -465,6 +511,42 @@ def prepare_output(out: Path, run_dirs: list[Path], *, resume: bool, overwrite: 
         (out / "summary.json").unlink(missing_ok=True)
 
 
+@contextmanager
+def run_lock(run_dirs: list[Path]) -> Iterator[None]:
+    """Hold an exclusive advisory lock per run folder while the block runs: the file
+    ``.<name>.lock`` beside each (in ``--out``, outside the folder, which ``--overwrite`` removes).
+
+    One lock per seed folder, not one per ``--out``: one run folder has one writer, while other
+    seeds may train into the same ``--out`` at once (``primal sweep``'s workers do). The kernel drops
+    an ``flock`` when its process exits, however it exits, so a crashed or killed run never leaves a
+    folder locked. RunError at once (no waiting) when another process holds one; the lock file then
+    names its pid.
+    """
+    try:
+        import fcntl
+    except ImportError:  # not POSIX (Windows): no flock, and no lock either
+        yield
+        return
+    with ExitStack() as held:
+        for run_dir in run_dirs:
+            lock = run_dir.parent / f".{run_dir.name}.lock"
+            try:
+                run_dir.parent.mkdir(parents=True, exist_ok=True)
+                fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+            except OSError as err:
+                raise RunError(f"--out {run_dir.parent} is not a writable directory ({err.strerror or err})") from err
+            held.callback(os.close, fd)  # closing releases the lock; the file stays (removing it would race)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
+                raise RunError(f"{run_dir} is in use by another primal train{f' (pid {holder})' if holder else ''}: "
+                               "one run folder has one writer; wait for it to finish or choose another --out") from None
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield
+
+
 def run_seeds(cfg: ExperimentConfig, out_dir: str | Path, seeds: list[int], *, resume: bool = False,
               overwrite: bool = False) -> dict[str, Any]:
     """One run per seed into ``out_dir/seed_<s>``, then ``out_dir/summary.json``.
@@ -472,13 +554,30 @@ def run_seeds(cfg: ExperimentConfig, out_dir: str | Path, seeds: list[int], *, r
     A seed folder that already holds a run is refused unless ``resume`` (an interrupted run
     continues, a finished one is reported again; both only with the config they were trained
     with, see :func:`check_resumable`) or ``overwrite`` (the old run is removed first).
+    Each seed folder is locked (:func:`run_lock`) before anything is written and until the end.
     """
-    import dataclasses
-
     from primal_attention.train.data import check_buildable
 
     check_buildable(cfg)
     out = Path(out_dir)
+    # Seeds reach torch generators scaled by about 10**6 (which take 64 bits) and numpy's default_rng
+    # (no negative seeds): 32 bits leave room for both.
+    bad = [s for s in seeds if isinstance(s, bool) or not isinstance(s, int) or not 0 <= s < 2**32]
+    if bad:
+        raise RunError(f"a seed must be an integer in [0, 2**32), got {bad[0]!r}")
+    if resume and overwrite:
+        raise RunError("give --resume or --overwrite, not both")
+    if out.exists() and not out.is_dir():
+        raise RunError(f"--out {out} is a file, not a directory")
+    # Under torchrun every rank runs this; rank 0 alone writes, so it alone takes the locks.
+    run_dirs = [out / f"seed_{seed}" for seed in seeds]
+    with run_lock(run_dirs) if int(os.environ.get("RANK", "0")) == 0 else nullcontext():
+        return _run_seeds(cfg, out, seeds, resume=resume, overwrite=overwrite)
+
+
+def _run_seeds(cfg: ExperimentConfig, out: Path, seeds: list[int], *, resume: bool, overwrite: bool) -> dict[str, Any]:
+    import dataclasses
+
     run_dirs = [out / f"seed_{seed}" for seed in seeds]
     prepare_output(out, run_dirs, resume=resume, overwrite=overwrite)
     runs = []

@@ -27,9 +27,10 @@ from torch import Tensor, nn
 
 from primal_attention.train.config import ExperimentConfig
 from primal_attention.train.data import build_splits
+from primal_attention.train.families import get_family
 
 __all__ = ["trivial_baselines", "majority_class", "first_token_lookup", "ngram_lm", "position_blind_features",
-           "fit_mlp"]
+           "fit_mlp", "lm_baselines"]
 
 
 def majority_class(train_y: Tensor, *ys: Tensor) -> list[float]:
@@ -145,7 +146,8 @@ def ngram_lm(train: Tensor, order: int, vocab: int, *evals: Tensor, k: float) ->
     return out
 
 
-def _lm_baselines(splits) -> dict[str, dict[str, Any]]:
+def lm_baselines(splits) -> dict[str, dict[str, Any]]:
+    """Unigram and bigram models of TRAIN, add-k smoothed with k selected on validation."""
     train, val, test = splits.train, splits.val, splits.test
     vocab = train.vocab_size
     streams = [_predicted_stream(d) for d in (val, test)]
@@ -173,26 +175,5 @@ def _predicted_stream(data) -> Tensor:
 def trivial_baselines(cfg: ExperimentConfig, *, seed: int | None = None) -> dict[str, dict[str, Any]]:
     """The trivial baselines of ``cfg``'s data, on the splits its holdout runs use (see module doc)."""
     t = dataclasses.replace(cfg.train, protocol="holdout", seed=cfg.train.seed if seed is None else seed)
-    splits = build_splits(dataclasses.replace(cfg, train=t))
-    family = cfg.data.family
-    if family == "rl":
-        from primal_attention.data.rl import normalized_score
-
-        score = normalized_score(splits.train.env, splits.train.meta["return_mean"])
-        return {"behaviour": {"what": "the dataset's own episodes (mean D4RL-normalised return)",
-                              "val_score": score, "test_score": score}}
-    if family == "lm":
-        return _lm_baselines(splits)
-    train, val, test = splits.train, splits.val, splits.test
-    maj_v, maj_t = majority_class(train.y, val.y, test.y)
-    out: dict[str, dict[str, Any]] = {
-        "majority": {"what": "TRAIN's most frequent class", "val_acc": maj_v, "test_acc": maj_t}}
-    feats, what = position_blind_features([train, val, test])
-    acc_v, acc_t = fit_mlp((feats[0], train.y), (feats[1], val.y), (feats[2], test.y), train.num_classes, seed=t.seed)
-    out["position_blind"] = {"what": f"MLP (256 hidden) on {what}; epoch selected on validation",
-                             "val_acc": acc_v, "test_acc": acc_t}
-    if family == "lra" and cfg.data.name == "listops":
-        look_v, look_t = first_token_lookup(train.x, train.y, (val.x, val.y), (test.x, test.y))
-        out["outermost_operator"] = {"what": "TRAIN's majority label of the first token (the outermost operator)",
-                                     "val_acc": look_v, "test_acc": look_t}
-    return out
+    holdout = dataclasses.replace(cfg, train=t)
+    return get_family(cfg.data.family).trivial_baselines(holdout, build_splits(holdout))

@@ -1,0 +1,159 @@
+"""The module that takes the place of an HF self-attention: HF's calling convention around PrimalAttention.
+
+HF (transformers 5.x) calls a layer's attention as ``attn(hidden_states, attention_mask, cache=...,
+position_embeddings=..., **kwargs)`` and expects ``(output, attention_weights)`` back. The attention
+mask it passes is already prepared for softmax kernels: None (no padding), a (B, 1, Nq, Nk) bool
+(True = attend) or additive float mask, or the raw (B, Nk) padding mask for flash-attention.
+:func:`padding_mask` turns any of these back into the (B, Nq) key-padding mask a primal layer takes,
+and refuses masks that are not "causal and padding" (packed sequences, custom 4-D masks), which a
+primal layer cannot express.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from primal_attention.hf.cache import primal_cache_layer
+from primal_attention.hf.families import RotaryFn
+from primal_attention.layers.primal import PrimalAttention, PrimalState, QKTransform
+
+
+def padding_mask(attention_mask: Any, query_length: int, *, causal: bool) -> Tensor | None:
+    """(B, Nq) bool, True = real token, for the Nq newest tokens; None when every token is real.
+
+    attention_mask: what HF passes to attention modules: None, (B, Nk) 0/1 or bool, or
+    (B, 1 or H, Nq, Nk) bool (True = attend) / float (0 = attend, very negative = masked).
+    Nk ≥ Nq counts cached positions first. Raises ValueError for a 4-D mask that is not the causal
+    (decoders) or all-rows-equal (encoders) mask of a key-padding mask.
+    """
+    if attention_mask is None:
+        return None
+    if not isinstance(attention_mask, Tensor):
+        raise TypeError(f"primal layer: expected the attention mask as a tensor, got {type(attention_mask).__name__}; "
+                        "use attn_implementation='sdpa' or 'eager'")
+    if attention_mask.is_meta:
+        return None  # meta tensors (shape tracing, memory estimates) carry no values to read a mask from
+    if attention_mask.dim() == 2:
+        keys = attention_mask.bool()
+    elif attention_mask.dim() == 4:
+        if attention_mask.dtype == torch.bool:
+            allowed = attention_mask
+        else:
+            allowed = attention_mask > torch.finfo(attention_mask.dtype).min / 2
+        keys = allowed.any(dim=2).any(dim=1)  # (B, Nk): a key some query may attend is a real token
+        n_q, n_k = allowed.shape[-2:]
+        expected = keys[:, None, None, :].expand(allowed.shape)
+        if causal:
+            order = torch.ones(n_q, n_k, dtype=torch.bool, device=keys.device).tril(diagonal=n_k - n_q)
+            expected = expected & order
+        if not torch.equal(allowed, expected):
+            raise ValueError(
+                "primal layer: the attention mask is not a " + ("causal " if causal else "")
+                + "key-padding mask (packed sequences, a sliding window or a custom 4-D mask?); a primal layer "
+                "takes only a (B, N) padding mask"
+            )
+    else:
+        raise ValueError(f"primal layer: expected a 2-D or 4-D attention mask, got shape {tuple(attention_mask.shape)}")
+    if keys.shape[-1] < query_length:
+        raise ValueError(f"primal layer: attention mask covers {keys.shape[-1]} positions, fewer than the "
+                         f"{query_length} new tokens")
+    real = keys[:, -query_length:]
+    return None if bool(real.all()) else real
+
+
+def rotary_transform(apply: RotaryFn, cos: Tensor, sin: Tensor, heads: int) -> QKTransform:
+    """A PrimalAttention ``qk_transform`` applying HF's RoPE to ``[q | k]`` (B, N, 2D), head by head.
+
+    cos, sin: (B or 1, N, d) as HF's rotary embedding returns them for these N positions.
+    """
+
+    def transform(qk: Tensor) -> Tensor:
+        batch, n, two_dim = qk.shape
+        d = two_dim // (2 * heads)
+        q, k = qk.view(batch, n, 2, heads, d).transpose(1, 3).unbind(dim=2)  # (B, H, N, d) each
+        q, k = apply(q, k, cos, sin)
+        return torch.stack([q, k], dim=2).transpose(1, 3).reshape(batch, n, two_dim)
+
+    return transform
+
+
+class PrimalSelfAttention(nn.Module):
+    """A :class:`~primal_attention.PrimalAttention` behind HF's self-attention calling convention.
+
+    forward(hidden_states (B, N, D), attention_mask (see :func:`padding_mask`), cache (HF Cache or
+    None), position_embeddings ((cos, sin), each (B, N, d), RoPE models only)) -> (out (B, N, D), None).
+
+    Causal layers with a cache keep their O(1) decoding state in a
+    :class:`~primal_attention.hf.cache.PrimalCacheLayer` at ``layer_idx``: the first call fills it
+    from the prompt, later calls advance it token by token with ``PrimalAttention.step``.
+    There is no attention matrix: ``output_attentions=True`` raises a ValueError.
+    """
+
+    def __init__(self, primal: PrimalAttention, *, layer_idx: int, rotary: RotaryFn | None = None,
+                 resid_dropout: float = 0.0) -> None:
+        super().__init__()
+        self.primal = primal
+        self.layer_idx = layer_idx
+        self.rotary = rotary
+        self.resid_dropout = nn.Dropout(resid_dropout)
+        self.is_causal = primal.causal
+
+    def forward(
+        self,
+        hidden_states: Tensor,
+        attention_mask: Tensor | None = None,
+        cache: Any = None,
+        position_embeddings: tuple[Tensor, Tensor] | None = None,
+        **kwargs: Any,
+    ) -> tuple[Tensor, None]:
+        if kwargs.get("output_attentions"):
+            raise ValueError(OUTPUT_ATTENTIONS_ERROR)
+        if kwargs.get("encoder_hidden_states") is not None:
+            raise ValueError("primal layer: cross-attention (encoder_hidden_states) is not supported")
+        if cache is None:
+            cache = kwargs.get("past_key_values")
+        x = hidden_states
+        n = x.shape[1]
+        real = padding_mask(attention_mask, n, causal=self.primal.causal)
+        rotary = None
+        if self.rotary is not None:
+            if position_embeddings is None:
+                raise ValueError("primal layer: this model applies RoPE; expected position_embeddings=(cos, sin)")
+            rotary = position_embeddings
+        if cache is None or not self.primal.causal:
+            out = self.primal(x, real, qk_transform=self._transform(rotary, slice(None)))
+            return self.resid_dropout(out), None
+
+        slot = primal_cache_layer(cache, self.layer_idx)
+        if slot.state is None:
+            transform = self._transform(rotary, slice(None))
+            out = self.primal(x, real, qk_transform=transform)
+            state = self.primal.prefill_state(x, real, qk_transform=transform)
+        else:
+            state, rows = slot.state, []
+            for t in range(n):
+                row, state = self.primal.step(x[:, t], state, None if real is None else real[:, t],
+                                              qk_transform=self._transform(rotary, slice(t, t + 1)))
+                rows.append(row)
+            out = torch.stack(rows, dim=1)
+        # The cache is for decoding: no gradient flows through it into a later call.
+        slot.update_state(PrimalState(state.total.detach(), state.count.detach()), n)
+        return self.resid_dropout(out), None
+
+    def _transform(self, rotary: tuple[Tensor, Tensor] | None, positions: slice) -> QKTransform | None:
+        if rotary is None:
+            return None
+        cos, sin = rotary
+        return rotary_transform(self.rotary, cos[:, positions], sin[:, positions], self.primal.num_heads)
+
+    def extra_repr(self) -> str:
+        return f"layer_idx={self.layer_idx}, rope={self.rotary is not None}"
+
+
+OUTPUT_ATTENTIONS_ERROR = (
+    "output_attentions=True is not available with primal layers: Primal-Attention forms no N×N attention "
+    "matrix (set output_attentions=False)"
+)

@@ -1,0 +1,81 @@
+"""Train a primalized HF model with HF's ``Trainer``: task loss + η · KSVD loss, no hand-written loop."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from transformers import Trainer, TrainingArguments
+
+from primal_attention.ksvd.loss import ksvd_loss
+
+REDUCTIONS = ("batch", "sample")
+FORMS = ("authors", "paper")
+
+
+class PrimalTrainer(Trainer):
+    """``transformers.Trainer`` whose training loss is the model's loss + ``ksvd_eta`` · ``ksvd_loss(model)``.
+
+    Everything else is the Trainer's: DDP / FSDP / DeepSpeed through Accelerate, gradient
+    accumulation, mixed precision, logging. The KSVD term follows the task loss's gradient
+    accumulation scaling (divided by the accumulation steps when the Trainer does not divide the
+    returned loss itself), and under data parallelism each rank regularises its own forwards, which
+    the gradient all-reduce averages. Evaluation losses are the task loss alone. The mean KSVD term
+    since the previous log is logged as ``ksvd_loss``.
+
+    DDP: Λ enters only the KSVD term, not the model's output, so DDP's ``find_unused_parameters``
+    (HF's default for a PreTrainedModel) would mark it unused in the forward and then see its
+    gradient arrive from the KSVD term ("marked as ready twice"). With ``ksvd_eta > 0`` the trainer
+    therefore sets ``args.ddp_find_unused_parameters = False`` (in place) and refuses ``True``.
+
+    Args:
+        ksvd_eta: η ≥ 0 (0 turns the term off). ksvd_reduction: "batch" or "sample";
+            ksvd_form: "authors" or "paper" (docs/method.md §4). Other arguments: the Trainer's.
+    """
+
+    def __init__(self, model: nn.Module | None = None, args: TrainingArguments | None = None, *more: Any,
+                 ksvd_eta: float = 0.0, ksvd_reduction: str = "batch", ksvd_form: str = "authors",
+                 **kwargs: Any) -> None:
+        if not ksvd_eta >= 0.0:
+            raise ValueError(f"PrimalTrainer: ksvd_eta must be >= 0, got {ksvd_eta}")
+        if ksvd_reduction not in REDUCTIONS:
+            raise ValueError(f"PrimalTrainer: ksvd_reduction must be one of {REDUCTIONS}, got {ksvd_reduction!r}")
+        if ksvd_form not in FORMS:
+            raise ValueError(f"PrimalTrainer: ksvd_form must be one of {FORMS}, got {ksvd_form!r}")
+        if ksvd_eta > 0.0:
+            args = args if args is not None else TrainingArguments(output_dir="trainer_output")
+            if args.ddp_find_unused_parameters:
+                raise ValueError("PrimalTrainer: ddp_find_unused_parameters=True cannot be used with ksvd_eta > 0 "
+                                 "(Λ is used only by the KSVD term; DDP would mark it unused, then ready twice)")
+            args.ddp_find_unused_parameters = False
+        super().__init__(model, args, *more, **kwargs)
+        self.ksvd_eta = float(ksvd_eta)
+        self.ksvd_reduction = ksvd_reduction
+        self.ksvd_form = ksvd_form
+        self._ksvd_logged: list[float] = []
+
+    def compute_loss(self, model: nn.Module, inputs: dict[str, Any], return_outputs: bool = False,
+                     num_items_in_batch: Tensor | int | None = None) -> Tensor | tuple[Tensor, Any]:
+        loss, outputs = super().compute_loss(model, inputs, return_outputs=True,
+                                             num_items_in_batch=num_items_in_batch)
+        if self.ksvd_eta > 0.0 and model.training and torch.is_grad_enabled():
+            term = ksvd_loss(model, self.ksvd_reduction, self.ksvd_form)
+            self._ksvd_logged.append(float(term.detach()))
+            if self._loss_scaled_for_accumulation(num_items_in_batch):
+                term = term / self.current_gradient_accumulation_steps
+            loss = loss + self.ksvd_eta * term.to(loss.dtype)
+        return (loss, outputs) if return_outputs else loss
+
+    def _loss_scaled_for_accumulation(self, num_items_in_batch: Tensor | int | None) -> bool:
+        """Whether Trainer.training_step will leave the returned loss undivided (its own rule)."""
+        if self.loss_is_scaled_for_ga is not None:
+            return bool(self.loss_is_scaled_for_ga)
+        return bool((self.model_accepts_loss_kwargs and num_items_in_batch is not None)
+                    or self.compute_loss_func is not None)
+
+    def log(self, logs: dict[str, float], *args: Any, **kwargs: Any) -> None:
+        if self._ksvd_logged and "loss" in logs:
+            logs = {**logs, "ksvd_loss": sum(self._ksvd_logged) / len(self._ksvd_logged)}
+            self._ksvd_logged = []
+        super().log(logs, *args, **kwargs)

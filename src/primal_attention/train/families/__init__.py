@@ -1,0 +1,43 @@
+"""Data families: each kind of experiment (``data.family`` of a config) in one place.
+
+A :class:`Family` owns its ``model:`` config section, its config checks, its loader (the train /
+validation / test splits), its model builder, its task (loss, metrics, selection), its trivial baselines
+and its per-run extras. The trainer, ``load_run``, the sweep and the CLI ask :func:`get_family`; nothing
+else compares family names. A new family is one module defining a :class:`Family` subclass, registered
+with :func:`register_family` (or listed in :data:`BUILTIN`, which imports its module on first use).
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from primal_attention.train.families.base import Family, Splits, register_family, registered
+
+__all__ = ["BUILTIN", "Family", "Splits", "family_names", "get_family", "register_family"]
+
+#: built-in family name -> the module whose import registers it.
+BUILTIN: dict[str, str] = {
+    "uea": "primal_attention.train.families.classification",
+    "fsdd": "primal_attention.train.families.classification",
+    "lra": "primal_attention.train.families.classification",
+    "vision": "primal_attention.train.families.vision",
+    "lm": "primal_attention.train.families.lm",
+    "rl": "primal_attention.train.families.rl",
+}
+
+
+def family_names() -> list[str]:
+    """Every family name a config may give (built-in and registered)."""
+    return sorted(set(BUILTIN) | set(registered()))
+
+
+def get_family(name: str) -> Family:
+    """The family registered as ``name``; ConfigError naming the known ones otherwise."""
+    if name not in registered() and name in BUILTIN:
+        importlib.import_module(BUILTIN[name])
+    family = registered().get(name)
+    if family is None:
+        from primal_attention.train.config import ConfigError
+
+        raise ConfigError(f"data.family must be one of {', '.join(family_names())}, got {name!r}")
+    return family

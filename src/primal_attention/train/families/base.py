@@ -1,0 +1,102 @@
+"""The :class:`Family` interface and its registry (see :mod:`primal_attention.train.families`)."""
+
+from __future__ import annotations
+
+import dataclasses
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
+
+import torch
+from torch import nn
+
+from primal_attention.data.base import Batch
+from primal_attention.models.transformer import hybrid_pattern
+from primal_attention.train.tasks import Task
+
+if TYPE_CHECKING:
+    from primal_attention.train.config import ExperimentConfig
+
+
+class Splits(NamedTuple):
+    """train is what the optimiser sees; val is None under the authors' protocol."""
+
+    train: Any
+    val: Any | None
+    test: Any
+
+
+_REGISTRY: dict[str, "Family"] = {}
+
+
+def register_family(family: "Family") -> "Family":
+    """Make ``family`` available to configs as ``data.family: <family.name>``."""
+    if family.name in _REGISTRY and type(_REGISTRY[family.name]) is not type(family):
+        raise ValueError(f"data family {family.name!r} is already registered to {type(_REGISTRY[family.name]).__name__}")
+    _REGISTRY[family.name] = family
+    return family
+
+
+def registered() -> dict[str, "Family"]:
+    return _REGISTRY
+
+
+class Family(ABC):
+    """One kind of experiment. Subclasses set :attr:`name`, :attr:`model_section` and :attr:`task`, and
+    implement :meth:`load`, :meth:`build_model` and :meth:`stand_in`; the rest has defaults."""
+
+    name: str
+    #: the dataclass of the config's ``model:`` section.
+    model_section: ClassVar[type]
+    task: ClassVar[Task]
+    #: metrics (keys of a run's summary) that ``primal train`` prints at the end.
+    summary_metrics: ClassVar[tuple[str, ...]] = ("best_test_acc", "final_test_acc", "test_acc", "best_val_acc")
+    #: whether runs of this family can be continued as text (``primal generate``).
+    generates: ClassVar[bool] = False
+
+    def check(self, cfg: ExperimentConfig) -> None:
+        """ConfigError for what is wrong in ``cfg.data`` before anything is loaded (names, options)."""
+
+    @abstractmethod
+    def load(self, cfg: ExperimentConfig) -> Splits:
+        """The data of ``cfg.data``, cut for ``cfg.train.protocol``."""
+
+    @abstractmethod
+    def build_model(self, cfg: ExperimentConfig, data: Any) -> nn.Module:
+        """The model of ``cfg.model`` sized for ``data`` (the training split, or :meth:`stand_in`)."""
+
+    @abstractmethod
+    def stand_in(self, cfg: ExperimentConfig) -> Any:
+        """An object with the sizes :meth:`build_model` reads from the data, known without loading it
+        (so a whole config can be checked on the meta device)."""
+
+    def train_batch(self, cfg: ExperimentConfig, data: Any, index: torch.Tensor, step: int) -> Batch:
+        """The training batch at ``index`` for optimiser step ``step``."""
+        return data.batch(index)
+
+    def prepare_run(self, splits: Splits, out: Path) -> None:
+        """Write what a run folder needs besides weights and metrics (e.g. a tokenizer); rank 0 only."""
+
+    def trivial_baselines(self, cfg: ExperimentConfig, splits: Splits) -> dict[str, dict[str, Any]]:
+        """Trivial baselines on ``splits`` (see :mod:`primal_attention.train.trivial`)."""
+        return {}
+
+
+def attention_pattern(cfg: ExperimentConfig) -> list[str]:
+    """The per-layer attention names of ``cfg.model``: its explicit ``attention`` list or its kind."""
+    from primal_attention.train.config import ConfigError
+
+    m = cfg.model
+    if m.attention is not None:
+        if len(m.attention) != m.layers:
+            raise ConfigError(f"model.attention has {len(m.attention)} entries but model.layers is {m.layers}")
+        return list(m.attention)
+    return hybrid_pattern(m.layers, m.kind)
+
+
+def architecture(section: Any) -> dict[str, Any]:
+    """The model-config fields of a ``model:`` section (everything but kind, layers, attention)."""
+    values = dataclasses.asdict(section)
+    for key in ("kind", "layers", "attention"):
+        values.pop(key)
+    return values
