@@ -224,3 +224,25 @@ def test_inference_path_equals_the_training_path_and_keeps_j(causal, mask_kind, 
         with torch.no_grad():
             layer(x, mask)
         functional.ksvd_objective(layer._last, layer.lambdas, layer.we, layer.wr)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_inference_path_with_a_qk_transform_keeps_j(causal) -> None:
+    """With a qk_transform (e.g. rotary) the no-grad folded forward records the transformed [q | k]:
+    J after it equals J after a forward with gradients."""
+    gen = torch.Generator().manual_seed(8)
+    layer = PrimalAttention(8, 2, 3, num_samples=5, causal=causal).double()
+    randomise(layer, gen)
+    x = torch.randn(2, 160, 8, generator=gen, dtype=torch.float64)
+    ramp = torch.linspace(0.5, 2.0, 160, dtype=torch.float64)[None, :, None]
+
+    def transform(qk: torch.Tensor) -> torch.Tensor:
+        return qk * ramp + 0.1
+
+    out = layer(x, qk_transform=transform)
+    want = layer.ksvd_objective("sample").detach()
+    with torch.no_grad():
+        fast = layer(x, qk_transform=transform)
+        assert layer._last.inputs is not None
+        torch.testing.assert_close(fast, out.detach(), rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(layer.ksvd_objective("sample"), want, rtol=1e-12, atol=1e-12)
