@@ -288,6 +288,24 @@ def render(result: dict) -> str:
     return "\n".join(lines)
 
 
+BEGIN, END = "<!-- perf_check:begin -->", "<!-- perf_check:end -->"
+
+
+def put_section(page: Path, result: dict) -> None:
+    """The issue-27 target table, with its command and date, between the markers of ``page``."""
+    section = "\n".join([BEGIN, "## Issue 27 targets (scripts/perf_check.py)", "",
+                          f"Measured {result['started']} with `{result['command']}` (ratios side by side in one run; "
+                          "decoding cells in fresh processes, methods interleaved, median of rounds).", "",
+                          *target_table(result), "", END])
+    text = page.read_text() if page.is_file() else ""
+    if BEGIN in text and END in text:
+        head, rest = text.split(BEGIN, 1)
+        text = head + section + rest.split(END, 1)[1]
+    else:
+        text = text.rstrip("\n") + "\n\n" + section + "\n"
+    page.write_text(text)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--cell", help=argparse.SUPPRESS)
@@ -306,6 +324,10 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=None)
     p.add_argument("--memory-budget-gb", type=float, default=6.0, help="skip decoding cells whose KV caches need more")
     p.add_argument("--skip-efficiency", action="store_true")
+    p.add_argument("--doc", action="append", default=[],
+                   help="also put the target table into this markdown page (repeatable: docs/results/efficiency.md, "
+                        "docs/results/lm.md), between <!-- perf_check --> markers, replaced on a rerun (appended the "
+                        "first time); run it after `primal bench --doc`, which rewrites the efficiency page")
     args = p.parse_args()
     # This checkout's code, here and in every process started below (an installed primal_attention,
     # e.g. an editable install of another checkout, would otherwise win in the decode cells).
@@ -359,6 +381,8 @@ def main() -> int:
             print(json.dumps(result["efficiency"][str(t)]), flush=True)
     (out / "perf_check.json").write_text(json.dumps(result, indent=1))
     (out / "perf_check.md").write_text(render(result))
+    for page in args.doc:
+        put_section(Path(page), result)
     print("\n".join(target_table(result)))
     print(f"wrote {out / 'perf_check.json'} and {out / 'perf_check.md'}")
     shutil.rmtree(tmp, ignore_errors=True)
