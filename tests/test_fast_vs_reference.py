@@ -193,3 +193,56 @@ def test_folded_path_gradcheck() -> None:
         return out, functional.ksvd_objective(cache, layer.lambdas, layer.we, layer.wr)
 
     assert torch.autograd.gradcheck(f, (x,))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("mask_kind", ["none", "right", "holes"])
+@pytest.mark.parametrize("sampling", ["uniform", "valid"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_inference_path_equals_the_training_path_and_keeps_j(causal, mask_kind, sampling, dtype) -> None:
+    """Without gradients the folded path keeps nothing of size N for the KSVD objective; its output
+    equals the training path's, and J after it (recomputed from the input) equals J after a
+    forward with gradients (the trainer's final J and the diagnostics read it this way)."""
+    gen = torch.Generator().manual_seed(7)
+    layer = PrimalAttention(8, 2, 3, num_samples=5, causal=causal, sampling=sampling).to(dtype)
+    randomise(layer, gen)
+    x = torch.randn(3, 200, 8, generator=gen, dtype=dtype)  # N >= 16·D: the folded path
+    mask = random_mask(3, 200, gen, mask_kind)
+    out = layer(x, mask)
+    j = {(r, f): layer.ksvd_objective(r, f).detach() for r in ("batch", "sample") for f in ("authors", "paper")}
+    for mode in (torch.no_grad, torch.inference_mode):
+        with mode():
+            fast = layer(x, mask)
+        assert layer._last.features is None and layer._last.gram is None and layer._last.inputs is not None
+        tol = 1e-12 if dtype == torch.float64 else 1e-6
+        torch.testing.assert_close(fast, out.detach(), rtol=tol, atol=tol)
+        jtol = 1e-12 if dtype == torch.float64 else 2e-5  # fp32: Gram in the forward vs from the features
+        with torch.no_grad():
+            for (r, f), want in j.items():
+                torch.testing.assert_close(layer.ksvd_objective(r, f), want, rtol=jtol, atol=jtol)
+    with pytest.raises(ValueError, match="inference forward"):
+        with torch.no_grad():
+            layer(x, mask)
+        functional.ksvd_objective(layer._last, layer.lambdas, layer.we, layer.wr)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_inference_path_with_a_qk_transform_keeps_j(causal) -> None:
+    """With a qk_transform (e.g. rotary) the no-grad folded forward records the transformed [q | k]:
+    J after it equals J after a forward with gradients."""
+    gen = torch.Generator().manual_seed(8)
+    layer = PrimalAttention(8, 2, 3, num_samples=5, causal=causal).double()
+    randomise(layer, gen)
+    x = torch.randn(2, 160, 8, generator=gen, dtype=torch.float64)
+    ramp = torch.linspace(0.5, 2.0, 160, dtype=torch.float64)[None, :, None]
+
+    def transform(qk: torch.Tensor) -> torch.Tensor:
+        return qk * ramp + 0.1
+
+    out = layer(x, qk_transform=transform)
+    want = layer.ksvd_objective("sample").detach()
+    with torch.no_grad():
+        fast = layer(x, qk_transform=transform)
+        assert layer._last.inputs is not None
+        torch.testing.assert_close(fast, out.detach(), rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(layer.ksvd_objective("sample"), want, rtol=1e-12, atol=1e-12)

@@ -44,7 +44,8 @@ class PrimalCache(NamedTuple):
     """What a forward keeps for the KSVD objective.
 
     features: (B, N, 2D) ``[q̂ | k̂]`` (head h of q̂ in channels h*d .. (h+1)*d - 1), kept when the
-    Gram matrices were not formed in the forward (no-grad forward or per-head path), else None;
+    Gram matrices were not formed in the forward (per-head path, or a no-grad forward on CUDA),
+    else None;
     proj: (B or 1, 2, H, d, s), ``[W_{e|X}, W_{r|X}]`` (causal: the static W_e, W_r);
     token_weight: (B, N) float, 1 for tokens in the KSVD means, or None for all tokens;
     gram: (B, 2, H, d, d) float32/64 token-weighted Gram matrices of q̂ and k̂ per head, or None;
@@ -56,6 +57,10 @@ class PrimalCache(NamedTuple):
     token_weight: Tensor | None
     gram: Tensor | None = None
     seq_len: int = 0
+    #: the inference path (no gradients): neither features nor Gram were kept, only what recomputes
+    #: the features on demand (:func:`materialize_features`): (x or the projected [q | k], unused,
+    #: projected, heads, compute dtype).
+    inputs: tuple | None = None
 
 
 def _norm_eps(dtype: torch.dtype) -> float:
@@ -283,6 +288,85 @@ class _FoldedPrimal(torch.autograd.Function):
         return dx, dwqk, dbqk, dfold, dc, do, None, None, None, None, None
 
 
+def _folded_infer(x: Tensor, wqk: Tensor | None, bqk: Tensor | None, fold: Tensor, cbias: Tensor | None,
+                  obias: Tensor | None, real: Tensor | None, groups: int, chunk_rows: int) -> Tensor:
+    """The forward of :class:`_FoldedPrimal` for inference: the same chunks and operations, but
+    ``[q̂ | k̂]`` and the inverse norms live in one chunk-sized scratch buffer (nothing of size N
+    besides the output is written), no Gram matrices, nothing saved, no autograd node."""
+    batch, seq_len, _ = x.shape
+    width, out_dim = fold.shape[1], fold.shape[2]
+    d = width // groups
+    dtype = fold.dtype
+    shared = fold.shape[0] == 1
+    out = torch.empty(batch, seq_len, out_dim, dtype=dtype, device=x.device)
+    chunks = _chunks(batch, seq_len, chunk_rows)
+    most = max((b1 - b0) * (r1 - r0) for b0, b1, r0, r1 in chunks)
+    f_buf = torch.empty(most, width, dtype=dtype, device=x.device)
+    inv_buf = torch.empty(most, groups, dtype=dtype, device=x.device)
+    bias = None
+    if real is None:
+        bias = cbias if obias is None else (obias if cbias is None else cbias + obias)
+    wqk_t = None if wqk is None else wqk.t()
+    eps = _norm_eps(dtype)
+    for b0, b1, r0, r1 in chunks:
+        nb, rows = b1 - b0, (b1 - b0) * (r1 - r0)
+        f2 = f_buf[:rows]
+        x2 = x[b0:b1, r0:r1].reshape(rows, -1)
+        if wqk is None:
+            f2.copy_(x2)
+        elif bqk is None:
+            torch.mm(x2, wqk_t, out=f2)
+        else:
+            torch.addmm(bqk, x2, wqk_t, out=f2)
+        fg = f2.view(rows, groups, d)
+        inv = inv_buf[:rows]
+        torch.linalg.vector_norm(fg, dim=-1, out=inv)
+        inv.clamp_min_(eps).reciprocal_()
+        fg.mul_(inv[:, :, None])
+        o2 = out[b0:b1, r0:r1].view(rows, out_dim)
+        if shared or nb == 1:
+            a2 = fold[0] if shared else fold[b0]
+            if bias is not None:
+                torch.addmm(bias, f2, a2, out=o2)
+            else:
+                torch.mm(f2, a2, out=o2)
+        else:
+            oc, fc = o2.view(nb, -1, out_dim), f2.view(nb, -1, width)
+            if bias is not None:
+                torch.baddbmm(bias, fc, fold[b0:b1], out=oc)
+            else:
+                torch.bmm(fc, fold[b0:b1], out=oc)
+        if real is not None:
+            if cbias is not None:
+                o2.add_(cbias)
+            o2.mul_(real[b0:b1, r0:r1].reshape(rows, 1))
+            if obias is not None:
+                o2.add_(obias)
+    return out
+
+
+def materialize_features(cache: PrimalCache, weights: PrimalWeights) -> PrimalCache:
+    """The cache of an inference-path forward with its features recomputed from what it recorded
+    (no gradient, the forward's compute dtype), as the training path would have kept them: the q/k
+    projection of x with the current weights (non-causal) or the recorded [q | k] (causal prefix
+    mean, qk_transform), then F.normalize. Other caches are returned as they are."""
+    if cache.inputs is None or cache.features is not None or cache.gram is not None:
+        return cache
+    source, _, projected, heads, dtype = cache.inputs
+    batch, seq_len = source.shape[:2]
+    with torch.no_grad(), torch.autocast(source.device.type, enabled=False):
+        if projected:  # [q | k] after the causal prefix mean / qk_transform, as the row loop read it
+            qk = source.to(dtype)
+        else:
+            qk_weight = torch.cat([weights.q_weight, weights.k_weight], dim=0).to(dtype)
+            qk_bias = None if weights.q_bias is None else torch.cat([weights.q_bias, weights.k_bias], dim=0).to(dtype)
+            qk = F.linear(source.to(dtype), qk_weight, qk_bias)
+        width = qk.shape[-1]
+        features = F.normalize(qk.reshape(batch, seq_len, 2 * heads, width // (2 * heads)), p=2.0, dim=-1,
+                               eps=_norm_eps(dtype))
+    return cache._replace(features=features.view(batch, seq_len, width), inputs=None)
+
+
 def _autocast_dtype(device_type: str) -> torch.dtype | None:
     if torch.is_autocast_enabled(device_type):
         return torch.get_autocast_dtype(device_type)
@@ -409,8 +493,17 @@ def _folded(
         real = None if real is None else real.to(dtype)
     need_gram = torch.is_grad_enabled()
     args = (inp, wqk, bqk, fold, cbias, obias, real, token_weight, 2 * heads, need_gram, chunk_rows)
+    triton = fold.dtype != torch.float64 and kernel_choice(x.device) == "triton"
+    if not need_gram and not triton:
+        # Inference: only what the output needs; the KSVD features are recomputed on demand.
+        with torch.autocast(x.device.type, enabled=False):
+            out = _folded_infer(inp, wqk, bqk, fold, cbias, obias, real, 2 * heads, chunk_rows)
+        # What the features are recomputed from: x (the q/k projection follows), or, where the
+        # projection already left the row loop (causal prefix mean, qk_transform), [q | k] itself.
+        inputs = (x, None, False, heads, fold.dtype) if wqk is not None else (inp, None, True, heads, fold.dtype)
+        return out, PrimalCache(None, proj, token_weight, None, x.shape[1], inputs)
     with torch.autocast(x.device.type, enabled=False):
-        if fold.dtype != torch.float64 and kernel_choice(x.device) == "triton":  # the kernels compute in float32
+        if triton:  # the kernels compute in float32
             from primal_attention.kernels.triton_folded import TritonFoldedPrimal
 
             out, second = TritonFoldedPrimal.apply(*args, _norm_eps(fold.dtype))
@@ -471,7 +564,11 @@ def ksvd_objective(
     (H, s), we / wr the learned parameters. Always computed in float32 (or float64 if the cache is),
     autocast off. Returns a scalar for reduction="batch" and (B,) for "sample".
     """
-    features, proj, token_weight, gram, seq_len = cache
+    if cache.inputs is not None and cache.features is None and cache.gram is None:
+        raise ValueError("ksvd_objective: this cache comes from an inference forward (no gradients) and kept no "
+                         "features; recompute them with materialize_features(cache, weights) (the layer's "
+                         "ksvd_objective does)")
+    features, proj, token_weight, gram, seq_len = cache[:5]
     with torch.autocast(device_type=proj.device.type, enabled=False):
         if gram is None:
             compute_dtype = torch.promote_types(features.dtype, torch.float32)

@@ -64,3 +64,19 @@ def test_cli_decode_level_writes_table_and_json(tmp_path) -> None:
     cells = {(r["model"], r["context"]) for r in result["rows"] if r.get("tokens_per_s", 0) > 0}
     assert cells == {(m, c) for m in ("transformer", "primal+", "primalformer") for c in (16, 32)}
     assert "tokens / s" in (tmp_path / "d" / "decode.md").read_text()
+
+
+def test_hf_gpt2_anchor_has_our_block_weights() -> None:
+    """GPT-2 built by hf_gpt2 computes our all-softmax model (up to the √D input scale, put back here)."""
+    pytest.importorskip("transformers")
+    from primal_attention.bench.decode import hf_gpt2
+
+    torch.manual_seed(0)
+    lm = CausalLM(CausalLMConfig(vocab_size=50, max_seq_len=20, dim=16, num_heads=2, ffn_dim=32,
+                                 attention=pattern("transformer", 2), dropout=0.0)).eval()
+    hf = hf_gpt2(lm, 20)
+    tokens = torch.randint(0, 50, (2, 9), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        hf.transformer.wte.weight.mul_(lm.embed_scale)  # our input scale; the tied head then scales the logits
+        got = hf(input_ids=tokens).logits / lm.embed_scale
+        torch.testing.assert_close(got, lm(tokens), rtol=1e-4, atol=1e-4)

@@ -136,3 +136,56 @@ def test_generate_validates_temperature_and_top_k() -> None:
     greedy = model.generate(prompt, 4, temperature=0)
     assert torch.equal(model.float().generate(prompt, 4, temperature=1e-45), model.float().generate(prompt, 4, temperature=0))
     assert torch.equal(model.double().generate(prompt, 4, temperature=1e-320), greedy)
+
+
+@pytest.mark.parametrize("blocks", [{}, {"norm_first": False, "activation": "relu"}], ids=["prenorm", "postnorm-relu"])
+@pytest.mark.parametrize("kind", list(PATTERNS))
+def test_fused_step_and_session_equal_the_checked_step(kind, blocks) -> None:
+    """The fused step (no grad) and the in-place session equal each block's own step (with grad)."""
+    model = lm(PATTERNS[kind], **blocks)
+    tokens = torch.randint(0, 23, (3, 12), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        _, state = model.prefill(tokens[:, :5])
+        session = model.decode_session(state, 3, 7)
+    slow = state
+    for t in range(5, 12):
+        with torch.no_grad():
+            fast, state = model.step(tokens[:, t], state)
+            from_session = session.step(tokens[:, t])
+        with torch.enable_grad():  # the checked per-block path
+            ref, slow = model.step(tokens[:, t], slow)
+        torch.testing.assert_close(fast, ref.detach(), rtol=0, atol=1e-12)
+        torch.testing.assert_close(from_session, ref.detach(), rtol=0, atol=1e-12)
+    states = session.session.states()
+    for a, b in zip(states, state.layers):
+        for x, y in zip(a, b):
+            torch.testing.assert_close(x, y.detach(), rtol=0, atol=1e-12)
+
+
+def test_fused_plan_follows_parameter_updates() -> None:
+    model = lm(PATTERNS["hybrid"])
+    tok = torch.tensor([1, 2, 3])
+    with torch.no_grad():
+        before, _ = model.step(tok)
+        for p in model.parameters():
+            p.mul_(1.1)
+        after, _ = model.step(tok)
+        full = model(tok[:, None])[:, 0]
+    assert not torch.allclose(before, after)
+    torch.testing.assert_close(after, full, rtol=0, atol=1e-9)
+
+
+@pytest.mark.parametrize("kind", list(PATTERNS))
+def test_batched_generation_with_lengths_equals_one_prompt_at_a_time(kind) -> None:
+    model = lm(PATTERNS[kind])
+    prompt = torch.randint(1, 23, (3, 7), generator=torch.Generator().manual_seed(5))
+    lengths = torch.tensor([7, 3, 5])
+    out = model.generate(prompt, 6, temperature=0, lengths=lengths, pad_id=0)
+    assert out.shape == (3, 13)
+    for b in range(3):
+        n = int(lengths[b])
+        alone = model.generate(prompt[b : b + 1, :n], 6, temperature=0)
+        assert torch.equal(out[b, : n + 6], alone[0])
+        assert bool((out[b, n + 6 :] == 0).all())
+    with pytest.raises(ValueError, match="lengths must be in"):
+        model.generate(prompt, 2, lengths=torch.tensor([0, 3, 5]))

@@ -42,6 +42,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--levels", type=_choices((*LEVELS, "decode")),
                    help=f"comma-separated subset of {','.join(LEVELS)},decode (decode: language-model decoding, tokens/s and "
                         "memory vs context; --seq-lens are its contexts, default 1K-64K)")
+    p.add_argument("--decode-models", type=_choices(("transformer", "primal+", "primalformer", "gpt2-hf")),
+                   help="models of the decode level (default transformer,primal+,primalformer; gpt2-hf: Hugging Face "
+                        "GPT-2 of the same shape with its KV cache, needs transformers)")
     p.add_argument("--seq-lens", type=_ints, help="comma-separated N, e.g. 256,1024,4096")
     p.add_argument("--batch", type=int)
     p.add_argument("--dtypes", type=_choices(DTYPES), help="fp32,bf16 (bf16 = autocast)")
@@ -120,6 +123,7 @@ def _run_decode(args: argparse.Namespace, preset: str) -> int:
     from primal_attention.bench import decode
 
     cfg = decode.DecodeConfig(
+        models=args.decode_models or decode.DECODE_MODELS,
         contexts=args.seq_lens or decode.DEFAULT_CONTEXTS, batch=args.batch or 1, threads=args.threads or 1,
         device=args.device or "cpu",
     )

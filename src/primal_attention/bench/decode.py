@@ -3,14 +3,16 @@
 For each model (all softmax with a KV cache, last layer primal, all primal with their O(1) state)
 and each context C, in a fresh process:
 
-1. build a :class:`~primal_attention.CausalLM` (positions up to C + new tokens) and read the
-   resident set size (the baseline: weights, library buffers);
+1. build a :class:`~primal_attention.CausalLM` (positions up to C + new tokens), its decode plan
+   (the weights in the fused step's layout) and one throwaway step (the library's one-time
+   initialisation), and read the resident set size (the baseline: weights, library buffers);
 2. build the state after a prefix of C positions: each
    layer's own ``prefill_state`` applied to C hidden vectors (its real keys / values, or Σ[q | k]),
    which costs O(C·D²) instead of the O(C²) forward a softmax prefill of a real prompt would need;
    the cost of a decoding step depends only on the state's size, not on the prefix's content;
 3. reset the high-water mark again, decode ``warmup`` tokens, then time ``new_tokens`` one at a
-   time with :meth:`CausalLM.step`;
+   time with :meth:`CausalLM.step`, and then again from the same state through
+   :meth:`CausalLM.decode_session` (preallocated, in-place: what ``generate`` runs);
 4. report tokens/s, the state's tensor bytes, and the peak RSS while decoding minus the baseline
    (so: the state, the buffers of a step, and a KV cache's copy as it grows by one token).
 
@@ -33,6 +35,9 @@ from typing import Any
 
 #: model name -> per-layer attention pattern of its ``layers`` layers.
 DECODE_MODELS = ("transformer", "primal+", "primalformer")
+#: the anchor a user would pick instead: Hugging Face GPT-2 of the same shape with its KV cache
+#: (``transformers`` imported only for it; the cell says so when it is not installed).
+HF_MODEL = "gpt2-hf"
 DEFAULT_CONTEXTS = (1024, 2048, 4096, 8192, 16384, 32768, 65536)
 
 
@@ -60,6 +65,8 @@ class DecodeConfig:
 def pattern(model: str, layers: int) -> list[str]:
     from primal_attention.models.transformer import hybrid_pattern
 
+    if model == HF_MODEL:
+        return hybrid_pattern(layers, "transformer")
     if model not in DECODE_MODELS:
         raise ValueError(f"decode model must be one of {', '.join(DECODE_MODELS)}, got {model!r}")
     return hybrid_pattern(layers, model)
@@ -128,8 +135,81 @@ def state_bytes(state) -> int:
     return total
 
 
+def hf_gpt2(ours, max_positions: int):
+    """``transformers.GPT2LMHeadModel`` of an all-softmax :class:`~primal_attention.CausalLM`'s shape
+    (pre-norm, exact GELU, learned positions, tied head) with its block weights copied in. GPT-2 has
+    no √D input scale, so its logits differ; the work per token is the same. Raises ImportError
+    without transformers."""
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    c = ours.config
+    cfg = GPT2Config(vocab_size=c.vocab_size, n_positions=max_positions, n_embd=c.dim, n_layer=len(c.attention),
+                     n_head=c.num_heads, n_inner=c.ffn_dim, activation_function="gelu", resid_pdrop=0.0, embd_pdrop=0.0,
+                     attn_pdrop=0.0, layer_norm_epsilon=1e-5, bos_token_id=None, eos_token_id=None)
+    hf = GPT2LMHeadModel(cfg).eval()
+    with torch.no_grad():
+        hf.transformer.wte.weight.copy_(ours.embed.weight)
+        n = min(max_positions, c.max_seq_len)
+        hf.transformer.wpe.weight[:n].copy_(ours.pos[:n])
+        for block, ob in zip(hf.transformer.h, ours.decoder.blocks):
+            a = ob.attn
+            block.ln_1.weight.copy_(ob.norm1.weight)
+            block.ln_1.bias.copy_(ob.norm1.bias)
+            block.ln_2.weight.copy_(ob.norm2.weight)
+            block.ln_2.bias.copy_(ob.norm2.bias)
+            block.attn.c_attn.weight.copy_(torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]).t())
+            block.attn.c_attn.bias.copy_(torch.cat([a.q_proj.bias, a.k_proj.bias, a.v_proj.bias]))
+            block.attn.c_proj.weight.copy_(a.out_proj.weight.t())
+            block.attn.c_proj.bias.copy_(a.out_proj.bias)
+            block.mlp.c_fc.weight.copy_(ob.ffn[0].weight.t())
+            block.mlp.c_fc.bias.copy_(ob.ffn[0].bias)
+            block.mlp.c_proj.weight.copy_(ob.ffn[3].weight.t())
+            block.mlp.c_proj.bias.copy_(ob.ffn[3].bias)
+        hf.transformer.ln_f.weight.copy_(ours.decoder.norm.weight)
+        hf.transformer.ln_f.bias.copy_(ours.decoder.norm.bias)
+    return hf
+
+
+def _measure_hf(cfg: DecodeConfig, model, context: int, tokens, row: dict[str, Any]) -> dict[str, Any]:
+    """The gpt2-hf cell: GPT-2 with a ``DynamicCache`` holding the all-softmax model's keys and values."""
+    import torch
+
+    try:
+        from transformers import DynamicCache
+    except ImportError:
+        return {**row, "skipped": "transformers is not installed (pip install transformers): no HF GPT-2 anchor"}
+    hf = hf_gpt2(model, context + cfg.warmup + cfg.new_tokens)
+    with torch.no_grad():
+        baseline_kib = _status_kib("VmRSS")
+        cache = DynamicCache(config=hf.config)
+        for i, kv in enumerate(synthetic_state(model, context, cfg.batch, torch.Generator().manual_seed(3)).layers):
+            cache.update(kv.k, kv.v, i)
+        peak_ok = _reset_peak()
+        position = torch.arange(context, context + cfg.warmup + cfg.new_tokens)
+        for t in range(cfg.warmup):
+            hf(input_ids=tokens[:, t : t + 1], past_key_values=cache, use_cache=True,
+               position_ids=position[t].expand(cfg.batch, 1))
+        t0 = time.perf_counter()
+        for t in range(cfg.warmup, cfg.warmup + cfg.new_tokens):
+            hf(input_ids=tokens[:, t : t + 1], past_key_values=cache, use_cache=True,
+               position_ids=position[t].expand(cfg.batch, 1))
+        elapsed = time.perf_counter() - t0
+    # keys and values after the decoding, as the other models' state column
+    kv_bytes = 2 * cfg.batch * cache.get_seq_length() * model.config.dim * 4 * len(hf.transformer.h)
+    row.update(tokens_per_s=cfg.new_tokens * cfg.batch / elapsed, ms_per_token=1e3 * elapsed / cfg.new_tokens,
+               state_mib=kv_bytes / 2**20)
+    if peak_ok:
+        row["rss_growth_mib"] = (_status_kib("VmHWM") - baseline_kib) / 1024
+    return row
+
+
 def measure_one(cfg: DecodeConfig, model_name: str, context: int) -> dict[str, Any]:
-    """One (model, context) cell, in this process (the caller makes it a fresh one)."""
+    """One (model, context) cell, in this process (the caller makes it a fresh one).
+
+    Times :meth:`CausalLM.step` (``tokens_per_s``, the functional state) and then the same tokens
+    through :meth:`CausalLM.decode_session` (``session_tokens_per_s``: preallocated, in-place state,
+    what ``generate`` runs); the memory columns are read before the session."""
     import torch
 
     from primal_attention.models.lm import CausalLM, CausalLMConfig
@@ -146,6 +226,15 @@ def measure_one(cfg: DecodeConfig, model_name: str, context: int) -> dict[str, A
     tokens = torch.randint(0, cfg.vocab_size, (cfg.batch, cfg.warmup + cfg.new_tokens),
                            generator=torch.Generator().manual_seed(1)).to(device)
     cuda = device.type == "cuda"
+    if model_name == HF_MODEL:
+        return _measure_hf(cfg, model, context, tokens, row)
+    with torch.no_grad():
+        # The decode layout of the weights (part of the model, not of the state), and one throwaway
+        # step from an empty state: the first call's one-time library initialisation (6-9 MiB of
+        # resident memory, on main's step too) is then not counted as the decoding's growth.
+        model.decoder.decode_plan()
+        model.head_t()
+        model.step(tokens[:, 0])
     with torch.no_grad():
         if cfg.prefill_max and context <= cfg.prefill_max:
             prompt = torch.randint(0, cfg.vocab_size, (cfg.batch, context), generator=torch.Generator().manual_seed(2))
@@ -158,7 +247,7 @@ def measure_one(cfg: DecodeConfig, model_name: str, context: int) -> dict[str, A
         baseline_kib = _status_kib("VmRSS")
         if cuda:
             allocated = torch.cuda.memory_allocated()
-        state = synthetic_state(model, context, cfg.batch, torch.Generator().manual_seed(3))
+        state = start = synthetic_state(model, context, cfg.batch, torch.Generator().manual_seed(3))
         peak_ok = _reset_peak()  # the peak of decoding, with the state resident
         if cuda:
             torch.cuda.reset_peak_memory_stats()
@@ -178,6 +267,19 @@ def measure_one(cfg: DecodeConfig, model_name: str, context: int) -> dict[str, A
         row["peak_growth_mib"] = (torch.cuda.max_memory_allocated() - allocated) / 2**20
     elif peak_ok:
         row["rss_growth_mib"] = (_status_kib("VmHWM") - baseline_kib) / 1024
+    with torch.no_grad():
+        session = model.decode_session(start, cfg.batch, cfg.warmup + cfg.new_tokens)
+        for t in range(cfg.warmup):
+            session.step(tokens[:, t])
+        if cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for t in range(cfg.warmup, cfg.warmup + cfg.new_tokens):
+            session.step(tokens[:, t])
+        if cuda:
+            torch.cuda.synchronize()
+        elapsed = time.perf_counter() - t0
+    row.update(session_tokens_per_s=cfg.new_tokens * cfg.batch / elapsed)
     return row
 
 
@@ -211,7 +313,8 @@ def run_decode(cfg: DecodeConfig, *, progress: bool = True, max_total_s: float |
     import torch
 
     return {"config": asdict(cfg), "rows": rows, "torch": torch.__version__,
-            "method": "fresh process per cell; state from each layer's prefill_state of C hidden vectors; "
+            "method": "fresh process per cell; decode plan and one throwaway step before the baseline; state from "
+                      "each layer's prefill_state of C hidden vectors; "
                       f"{cfg.warmup} warm-up tokens, then {cfg.new_tokens} timed steps; RSS growth = VmHWM of the "
                       "decoding (high-water mark reset after the state is built) minus VmRSS before the state "
                       "(glibc mmap threshold 64 KiB)"}
@@ -224,7 +327,9 @@ def render_markdown(result: dict[str, Any]) -> str:
     models = list(dict.fromkeys(r["model"] for r in rows))
     head = "| model | " + " | ".join(f"{c // 1024}K" if c % 1024 == 0 else str(c) for c in contexts) + " |"
     out = []
-    for title, key, fmt in (("tokens / s", "tokens_per_s", "{:.0f}"), ("decoding state (MiB)", "state_mib", "{:.2f}"),
+    for title, key, fmt in (("tokens / s (CausalLM.step)", "tokens_per_s", "{:.0f}"),
+                            ("tokens / s (decode_session: preallocated in-place state, as generate)", "session_tokens_per_s", "{:.0f}"),
+                            ("decoding state (MiB)", "state_mib", "{:.2f}"),
                             ("peak memory growth (MiB)", "rss_growth_mib", "{:.0f}"), ("prefill of a real prompt (s)", "prefill_s", "{:.2f}")):
         if not any(key in r for r in rows):
             continue
@@ -234,6 +339,11 @@ def render_markdown(result: dict[str, Any]) -> str:
             for c in contexts:
                 r = next(r for r in rows if r["model"] == m and r["context"] == c)
                 cells.append(fmt.format(r[key]) if key in r else ("skipped" if r.get("skipped") else ("failed" if "error" in r else "–")))
+            if not any(key in r for r in rows if r["model"] == m):
+                why = next((r["skipped"] for r in rows if r["model"] == m and isinstance(r.get("skipped"), str)), None)
+                if why:
+                    out.append(f"| {m} | {why} |" + " |" * (len(contexts) - 1))
+                    continue
             out.append(f"| {m} | " + " | ".join(cells) + " |")
         out.append("")
     return "\n".join(out)

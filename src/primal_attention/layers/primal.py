@@ -30,6 +30,55 @@ KSVDTerm = functional.PrimalCache | reference.PrimalTrace
 QKTransform = Callable[[Tensor], Tensor]
 
 
+class PrimalDecodePlan(NamedTuple):
+    """The fused decoding step of a causal :class:`PrimalAttention` (:meth:`PrimalAttention.decode_plan`).
+
+    qk_t: (D, 2D) ``[W_q; W_k]ᵀ``; qk_bias: (2D,) or None; fold: (2D, D), the map
+    ``[q̂ | k̂] ↦ out_proj(merge(mix([e; r])))`` with the static W_e, W_r folded in; bias: (D,) the mix
+    bias through out_proj plus out_proj's bias, or None; groups: 2H; head_dim: d. Constants: built
+    under no_grad, so a step with it carries no gradient.
+    """
+
+    qk_t: Tensor
+    qk_bias: Tensor | None
+    fold: Tensor
+    bias: Tensor | None
+    groups: int
+    head_dim: int
+
+
+def fused_step(plan: PrimalDecodePlan, x: Tensor, total: Tensor, count: Tensor, *, inplace: bool = False,
+               residual: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    """One unpadded decoding step from a plan, in the fewest tensor operations.
+
+    x: (B, D); total: (B, 2D); count: (B, 1) (a view of the state's (B,) count). Returns
+    ``(out (B, D), total', count')``: with ``inplace`` total and count are advanced in place (the
+    preallocated state of a decoding session), else new tensors. ``residual`` (B, D) is added to out
+    (the block's skip connection, one operation fewer). Features are ``total / max(‖total‖, eps·count)``
+    per head, i.e. ``F.normalize`` of the prefix mean without forming it.
+    """
+    qk = torch.mm(x, plan.qk_t) if plan.qk_bias is None else torch.addmm(plan.qk_bias, x, plan.qk_t)
+    if inplace:
+        total = total.add_(qk)
+        count = count.add_(1.0)
+    else:
+        total = total + qk
+        count = count + 1.0
+    batch = x.shape[0]
+    mean = total.div(count).view(batch, plan.groups, plan.head_dim)
+    norm = torch.linalg.vector_norm(mean, dim=-1, keepdim=True).clamp_min_(reference.EPS)
+    features = mean.div_(norm).view(batch, -1)
+    if residual is not None:
+        out = torch.addmm(residual, features, plan.fold)
+        if plan.bias is not None:
+            out.add_(plan.bias)
+    elif plan.bias is not None:
+        out = torch.addmm(plan.bias, features, plan.fold)
+    else:
+        out = torch.mm(features, plan.fold)
+    return out, total, count
+
+
 class PrimalState(NamedTuple):
     """Incremental state of a causal :class:`PrimalAttention`.
 
@@ -307,6 +356,12 @@ class PrimalAttention(nn.Module):
             raise ValueError(f"reduction must be 'batch' or 'sample', got {reduction!r}")
         if isinstance(term, reference.PrimalTrace):
             return reference.ksvd_objective(term, self.weights(), reduction=reduction, form=form)
+        if term.inputs is not None:
+            # An inference forward kept only its input: recompute the features once (current weights).
+            full = functional.materialize_features(term, self.weights())
+            if term is self._last:
+                self._last = full
+            term = full
         return functional.ksvd_objective(term, self.lambdas, self.we, self.wr, reduction=reduction, form=form)
 
     def ksvd_objective(self, reduction: str = "batch", form: str = "authors") -> Tensor:
@@ -366,6 +421,9 @@ class PrimalAttention(nn.Module):
             state = PrimalState(torch.zeros(batch, 2 * self.embed_dim, dtype=acc, device=x_t.device),
                                 torch.zeros(batch, dtype=acc, device=x_t.device))
         self._check_state(state, batch, acc, x_t.device)
+        if mask_t is None and qk_transform is None and self.fused_step_ok(x_t):
+            out, total, count = fused_step(self.decode_plan(), x_t, state.total, state.count[:, None])
+            return (out[:, None] if token_axis else out), PrimalState(total, count[:, 0])
         w = self.weights()
         qk_weight = torch.cat([w.q_weight, w.k_weight], dim=0)
         qk_bias = None if w.q_bias is None else torch.cat([w.q_bias, w.k_bias], dim=0)
@@ -383,6 +441,36 @@ class PrimalAttention(nn.Module):
         out = functional.mix_and_project(features, proj, w, heads=self.num_heads, real=real_c[:, None])
         out = out if token_axis else out[:, 0]
         return out, PrimalState(total, count)
+
+    def decode_plan(self) -> PrimalDecodePlan:
+        """The constants of the fused decoding step (:func:`fused_step`), rebuilt when a parameter
+        changed (in place, or replaced by ``.to()`` / ``.double()``). Causal layers only."""
+        if not self.causal:
+            raise RuntimeError("PrimalAttention.decode_plan: only causal layers decode incrementally")
+        key = tuple((p.data_ptr(), p._version) for p in self.parameters())
+        cached = getattr(self, "_plan", None)
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        with torch.no_grad():
+            w = self.weights()
+            qk_t = torch.cat([w.q_weight, w.k_weight], dim=0).t().contiguous()
+            qk_bias = None if w.q_bias is None else torch.cat([w.q_bias, w.k_bias], dim=0)
+            fold = functional._fold_matrix(torch.stack([w.we, w.wr])[None], w, self.num_heads)[0].contiguous()
+            bias = w.out_bias
+            if w.mix_bias is not None:
+                d = self.head_dim
+                cb = torch.einsum("e,ohe->o", w.mix_bias, w.out_weight.view(self.embed_dim, self.num_heads, d))
+                bias = cb if bias is None else cb + bias
+            plan = PrimalDecodePlan(qk_t, qk_bias, fold, bias, 2 * self.num_heads, self.head_dim)
+        self._plan = (key, plan)
+        return plan
+
+    def fused_step_ok(self, x: Tensor) -> bool:
+        """Whether :meth:`step` may take the fused path for x: no gradients wanted, no autocast, a
+        float32 / float64 layer (the running sums then have the parameters' dtype)."""
+        dtype = self.q_proj.weight.dtype
+        return (not torch.is_grad_enabled() and dtype in (torch.float32, torch.float64) and x.dtype == dtype
+                and not torch.is_autocast_enabled(x.device.type))
 
     def _check_state(self, state: Any, batch: int, dtype: torch.dtype, device: torch.device) -> None:
         """One clear error for a state that is not this layer's (another layer, batch or type)."""

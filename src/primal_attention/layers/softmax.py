@@ -25,6 +25,33 @@ class KVCache(NamedTuple):
     v: Tensor
 
 
+class SoftmaxDecodePlan(NamedTuple):
+    """The fused decoding step of a causal softmax layer (:meth:`SoftmaxAttention.decode_plan`):
+    qkv_t (D, 3D) ``[W_q; W_k; W_v]ᵀ``, qkv_bias (3D,) or None, out_t (D, D), out_bias (D,) or None."""
+
+    qkv_t: Tensor
+    qkv_bias: Tensor | None
+    out_t: Tensor
+    out_bias: Tensor | None
+    heads: int
+    head_dim: int
+
+
+def fused_qkv(plan: SoftmaxDecodePlan, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """q, k, v of one token x (B, D), each (B, H, 1, d), from one matmul (views of its output)."""
+    qkv = torch.mm(x, plan.qkv_t) if plan.qkv_bias is None else torch.addmm(plan.qkv_bias, x, plan.qkv_t)
+    return qkv.view(x.shape[0], 3, plan.heads, 1, plan.head_dim).unbind(1)
+
+
+def fused_out(plan: SoftmaxDecodePlan, y: Tensor, residual: Tensor | None) -> Tensor:
+    """out_proj of the attention output y (B, H, 1, d), plus ``residual`` (B, D) when given."""
+    y = y.reshape(y.shape[0], -1)
+    if residual is not None:
+        out = torch.addmm(residual, y, plan.out_t)
+        return out if plan.out_bias is None else out.add_(plan.out_bias)
+    return torch.mm(y, plan.out_t) if plan.out_bias is None else torch.addmm(plan.out_bias, y, plan.out_t)
+
+
 @register_attention("softmax")
 class SoftmaxAttention(nn.Module):
     """Canonical multi-head softmax attention, ``softmax(q kᵀ / √d) v``.
@@ -112,6 +139,25 @@ class SoftmaxAttention(nn.Module):
         if mask is not None:  # a fill, not a product: a padding row stays out_proj.bias even if it was NaN
             y = y.masked_fill(~mask[:, :, None], 0.0)
         return self.out_proj(y)
+
+    def decode_plan(self) -> SoftmaxDecodePlan:
+        """The constants of the fused decoding step, rebuilt when a parameter changed. Causal only."""
+        if not self.causal:
+            raise RuntimeError(f"{type(self).__name__}: only causal layers decode incrementally")
+        key = tuple((p.data_ptr(), p._version) for p in self.parameters())
+        cached = getattr(self, "_plan", None)
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        with torch.no_grad():
+            qkv_t = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight], dim=0).t().contiguous()
+            bias = None
+            if self.q_proj.bias is not None:
+                bias = torch.cat([self.q_proj.bias, self.k_proj.bias, self.v_proj.bias], dim=0)
+            out_b = None if self.out_proj.bias is None else self.out_proj.bias.detach()
+            plan = SoftmaxDecodePlan(qkv_t, bias, self.out_proj.weight.detach().t().contiguous(), out_b,
+                                     self.num_heads, self.head_dim)
+        self._plan = (key, plan)
+        return plan
 
     def _finite_tokens(self, x: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor | None]:
         """x (B, N, D) for the keys and values, with the tokens that hold NaN / inf zeroed, and

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from primal_attention.layers.inputs import record_inputs
+from primal_attention.layers.primal import PrimalAttention
 from primal_attention.layers.softmax import KVCache
 from primal_attention.models.transformer import Activation, StackConfig
 from primal_attention.models.dropout import Dropout
@@ -130,23 +131,54 @@ class CausalLM(nn.Module):
                                  f"{layer.k.shape[2]} tokens (a state of another sequence, or an edited one?)")
 
     def _step(self, tokens_t: Tensor, state: LMState | None) -> tuple[Tensor, LMState]:
-        """:meth:`step` without its checks, for :meth:`generate`, whose tokens and states are its own."""
+        """:meth:`step` without its checks (for callers whose tokens and states are their own). Without
+        gradients every block takes its fused step (:meth:`TransformerStack.step`) and the logits come
+        from a contiguous copy of the head (:meth:`head_t`)."""
         position = 0 if state is None else state.position
-        h = self.embed(tokens_t) * self.embed_scale + self.pos[position]
+        weight = self.embed.weight
+        h = torch.add(self.pos[position], F.embedding(tokens_t, weight), alpha=self.embed_scale)
         h, layers = self.decoder.step(h, None if state is None else state.layers)
-        return h @ self.embed.weight.T, LMState(position + 1, layers)
+        if torch.is_grad_enabled():
+            return h @ weight.T, LMState(position + 1, layers)
+        return h @ self.head_t(), LMState(position + 1, layers)
 
-    def prefill(self, prompt: Tensor) -> tuple[Tensor, LMState]:
-        """One forward over prompt (B, N0) int64 -> logits (B, N0, V) and the state after it."""
+    def head_t(self) -> Tensor:
+        """A (D, V) contiguous copy of the tied output head for decoding (a one-row matmul reads it
+        faster than ``embed.weight.T``), rebuilt when the embedding changes; no gradient."""
+        w = self.embed.weight
+        key = (w.data_ptr(), w._version)
+        cached = getattr(self, "_head_t", None)
+        if cached is None or cached[0] != key:
+            with torch.no_grad():
+                cached = (key, w.detach().t().contiguous())
+            self._head_t = cached
+        return cached[1]
+
+    def prefill(self, prompt: Tensor, mask: Tensor | None = None) -> tuple[Tensor, LMState]:
+        """One forward over prompt (B, N0) int64 -> logits (B, N0, V) and the state after it.
+
+        mask (B, N0) bool marks right-padded prompts' real tokens (True); the primal states then sum
+        only those, while a KV cache keeps every position (a decoding session masks the padding:
+        :meth:`generate` with ``lengths``)."""
         self._check_eval("prefill")
         attentions = [(str(i), block.attn) for i, block in enumerate(self.decoder.blocks)]
         missing = [type(a).__name__ for _, a in attentions if not hasattr(a, "prefill_state")]
         if missing:
             raise TypeError(f"CausalLM.prefill: {missing[0]} has no incremental decoding")
         with record_inputs(attentions) as seen:
-            logits = self(prompt)
-        layers = [attn.prefill_state(seen[name].x) for name, attn in attentions]
+            logits = self(prompt, mask)
+        layers = [attn.prefill_state(seen[name].x, mask) if mask is not None and isinstance(attn, PrimalAttention)
+                  else attn.prefill_state(seen[name].x) for name, attn in attentions]
         return logits, LMState(prompt.shape[1], layers)
+
+    def decode_session(self, state: LMState | None, batch: int, capacity: int, *,
+                       lengths: Tensor | None = None) -> LMDecodeSession:
+        """A preallocated, in-place decoding loop for ``capacity`` more tokens after ``state`` (None:
+        empty): ``session.step(tokens_t)`` -> logits, as :meth:`step` but without copying a KV cache
+        per token. ``lengths`` (B,) int64: the real lengths of right-padded prompts (see :meth:`generate`).
+        Eval mode, under no_grad / inference_mode."""
+        self._check_eval("decode_session")
+        return LMDecodeSession(self, state, batch, capacity, lengths)
 
     def _check_eval(self, method: str) -> None:
         if self.training:
@@ -154,12 +186,17 @@ class CausalLM(nn.Module):
 
     @torch.no_grad()
     def generate(self, prompt: Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
-                 generator: torch.Generator | None = None) -> Tensor:
+                 generator: torch.Generator | None = None, lengths: Tensor | None = None, pad_id: int = 0) -> Tensor:
         """Sample a continuation: prompt (B, N0) int64 -> (B, N0 + max_new_tokens).
 
         temperature 0 is greedy decoding, and a tiny positive one tends to it (never to NaN); top_k
         keeps the k most likely tokens before sampling. The model must be in eval mode (no dropout);
         it is put there and restored.
+
+        lengths (B,) int64: prompts of different lengths, right-padded to N0; row b of the result is
+        ``prompt[b, :lengths[b]]``, its ``max_new_tokens`` new tokens, then ``pad_id``. Each row equals
+        generating that prompt alone (batch 1). Decoding runs a preallocated
+        :meth:`decode_session` (primal sums and key / value buffers updated in place).
         """
         if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 0:
             raise ValueError(f"CausalLM.generate: max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
@@ -173,11 +210,29 @@ class CausalLM(nn.Module):
             raise ValueError(f"CausalLM.generate: temperature must be a finite number >= 0, got {temperature!r}")
         if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k <= 0):
             raise ValueError(f"CausalLM.generate: top_k must be an int > 0 or None, got {top_k!r}")
+        batch, n0 = prompt.shape
+        mask = None
+        if lengths is not None:
+            if lengths.shape != (batch,) or lengths.dtype != torch.int64:
+                raise ValueError(f"CausalLM.generate: expected lengths ({batch},) int64, got {tuple(lengths.shape)} "
+                                 f"{lengths.dtype}")
+            if batch and (int(lengths.min()) < 1 or int(lengths.max()) > n0):
+                raise ValueError(f"CausalLM.generate: lengths must be in [1, {n0}], got "
+                                 f"[{int(lengths.min())}, {int(lengths.max())}]")
+            lengths = lengths.to(prompt.device)
+            mask = torch.arange(n0, device=prompt.device)[None, :] < lengths[:, None]
+            if bool(mask.all()):
+                lengths = mask = None
         was = self.training
         self.eval()
         try:
-            logits, state = self.prefill(prompt)
-            out, next_logits = [prompt], logits[:, -1]
+            logits, state = self.prefill(prompt, mask)
+            if mask is None:
+                next_logits = logits[:, -1]
+            else:
+                next_logits = logits[torch.arange(batch, device=prompt.device), lengths - 1]
+            session = self.decode_session(state, batch, max_new_tokens, lengths=lengths)
+            new = []
             for i in range(max_new_tokens):
                 if temperature == 0:
                     token = next_logits.argmax(-1)
@@ -190,9 +245,58 @@ class CausalLM(nn.Module):
                         kth = scaled.topk(min(top_k, scaled.shape[-1]), dim=-1).values[:, -1:]
                         scaled = scaled.masked_fill(scaled < kth, float("-inf"))
                     token = torch.multinomial(scaled.softmax(-1), 1, generator=generator)[:, 0]
-                out.append(token[:, None])
+                new.append(token)
                 if i + 1 < max_new_tokens:
-                    next_logits, state = self._step(token, state)
-            return torch.cat(out, dim=1)
+                    next_logits = session.step(token)
+            if mask is None:
+                return torch.cat([prompt, *(t[:, None] for t in new)], dim=1)
+            out = torch.full((batch, n0 + max_new_tokens), pad_id, dtype=prompt.dtype, device=prompt.device)
+            out[:, :n0] = torch.where(mask, prompt, torch.full_like(prompt, pad_id))
+            if new:
+                cols = lengths[:, None] + torch.arange(max_new_tokens, device=prompt.device)[None, :]
+                out.scatter_(1, cols, torch.stack(new, dim=1))
+            return out
         finally:
             self.train(was)
+
+
+class LMDecodeSession:
+    """:meth:`CausalLM.decode_session`: token embedding, a :class:`DecodeSession` of the stack (or, for
+    a stack without the fused step, :meth:`CausalLM.step`), tied output head."""
+
+    def __init__(self, model: CausalLM, state: LMState | None, batch: int, capacity: int,
+                 lengths: Tensor | None) -> None:
+        self.model = model
+        position = 0 if state is None else state.position
+        if position + capacity > model.config.max_seq_len:
+            raise ValueError(f"CausalLM.decode_session: position {position} + {capacity} tokens exceeds max_seq_len "
+                             f"{model.config.max_seq_len}")
+        p = model.embed.weight
+        self.weight, self.scale, self.pos = p, model.embed_scale, model.pos
+        self.head = model.head_t() if not torch.is_grad_enabled() else p.T
+        self.index = None if lengths is None else lengths.clone()  # per-sequence next position
+        self.position = position
+        self.state = state
+        self.session = None
+        if not torch.is_grad_enabled() and p.dtype in (torch.float32, torch.float64) \
+                and model.decoder.decode_plan() is not None:
+            key_mask = None
+            if lengths is not None:
+                key_mask = torch.arange(position, device=p.device)[None, :] < lengths[:, None]
+            self.session = model.decoder.decode_session(None if state is None else state.layers, batch, capacity,
+                                                        key_mask=key_mask)
+        elif lengths is not None:
+            raise TypeError("CausalLM.decode_session: per-sequence lengths need the fused step "
+                            "(causal primal / softmax blocks, float32 / float64, under no_grad)")
+
+    def step(self, tokens_t: Tensor) -> Tensor:
+        """tokens_t (B,) int64 -> logits (B, V) for the next token; the state advances in place."""
+        if self.session is None:
+            logits, self.state = self.model._step(tokens_t, self.state)
+            return logits
+        pos = self.pos[self.position] if self.index is None else self.pos[self.index]
+        h = torch.add(pos, F.embedding(tokens_t, self.weight), alpha=self.scale)
+        self.position += 1
+        if self.index is not None:
+            self.index.add_(1)
+        return self.session.step(h) @ self.head
