@@ -12,7 +12,7 @@ import primal_attention as pa
 def _classifier(**kw) -> pa.SequenceClassifier:
     torch.manual_seed(0)
     base = dict(num_classes=3, max_seq_len=2000, dim=64, num_heads=2, ffn_dim=32, attention=["softmax"])
-    return pa.SequenceClassifier(pa.ClassifierConfig(**{**base, **kw}))
+    return pa.SequenceClassifier(pa.ClassifierConfig(**{**base, **kw})).requires_grad_(False)  # inspected, not trained
 
 
 def test_token_input_follows_the_authors_lra_init() -> None:
@@ -26,7 +26,8 @@ def test_token_input_follows_the_authors_lra_init() -> None:
 
 def test_continuous_input_keeps_the_authors_uea_init() -> None:
     model = _classifier(num_features=12)
-    assert float(model.pos.abs().max()) <= 0.02 and float(model.pos.std()) > 0.01  # U(-0.02, 0.02)
+    pos = model.pos.detach()
+    assert float(pos.abs().max()) <= 0.02 and float(pos.std()) > 0.01  # U(-0.02, 0.02)
     fresh = torch.nn.Linear(12, 64)
     assert abs(float(model.embed.weight.std()) - float(fresh.weight.std())) < 0.02  # PyTorch's default
 
