@@ -28,7 +28,7 @@ def test_continuous_input_keeps_the_authors_uea_init() -> None:
     model = _classifier(num_features=12)
     pos = model.pos.detach()
     assert float(pos.abs().max()) <= 0.02 and float(pos.std()) > 0.01  # U(-0.02, 0.02)
-    fresh = torch.nn.Linear(12, 64)
+    fresh = torch.nn.Linear(12, 64).requires_grad_(False)
     assert abs(float(model.embed.weight.std()) - float(fresh.weight.std())) < 0.02  # PyTorch's default
 
 
