@@ -18,7 +18,7 @@ import argparse
 import time
 from pathlib import Path
 
-from primal_attention.train.comparison import Entry, baselines_for, tuned_section, verdict
+from primal_attention.train.comparison import Entry, baselines_for, tuned_section
 from primal_attention.train.sweep import Sweep
 
 ROOT = Path(__file__).resolve().parents[1]

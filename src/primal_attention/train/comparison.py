@@ -3,7 +3,7 @@ the trivial baselines on the same splits, and every model's difference from the 
 its 95 % interval.
 
 The results scripts name their comparisons (which configs, which sweep stores) and call
-:func:`tuned_section` for a page and :func:`verdict` for the summary page; nothing here trains.
+:func:`tuned_section` for a page; nothing here trains.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from primal_attention.train.stats import Difference, value_cell, welch_difference
+from primal_attention.train.stats import value_cell, welch_difference
 
-__all__ = ["Entry", "Outcome", "baselines_for", "outcome", "tuned_section", "verdict"]
+__all__ = ["Entry", "Outcome", "baselines_for", "below_baseline", "outcome", "tuned_section"]
 
 
 @dataclass(frozen=True)
@@ -177,30 +177,3 @@ def below_baseline(entries: Sequence[Entry], baselines: dict[str, Any]) -> list[
             s = _scale(o.metric)
             out.append(f"{e.label} ({s * mean:.1f} vs {name} {s * best:.1f})")
     return out
-
-
-def verdict(entries: Sequence[Entry], baselines: dict[str, Any], *, reference: str) -> dict[str, Any]:
-    """The summary of a comparison for the verdict table: each non-reference model's difference from
-    ``reference`` and a word — "no signal on this budget" (no model clearly above the best trivial
-    baseline), else "reproduced" (better), "parity" (within noise) or "not reproduced" (worse);
-    "incomplete" until both sides have two or more final seeds."""
-    outcomes = {e.label: outcome(e) for e in entries}
-    ref = outcomes.get(reference)
-    flags = below_baseline(entries, baselines)
-    rows = {}
-    for e in entries:
-        o = outcomes[e.label]
-        if e.label == reference:
-            continue
-        if o is None or ref is None or len(o.test) < 2 or len(ref.test) < 2:
-            rows[e.label] = {"verdict": "incomplete", "difference": None}
-            continue
-        s = _scale(o.metric)
-        d: Difference = welch_difference([s * v for v in o.test], [s * v for v in ref.test], maximize=o.maximize)
-        if len(flags) == len([x for x in entries if outcomes[x.label] is not None]):
-            word = "no signal on this budget"
-        else:
-            word = {"better": "reproduced", "within noise": "parity", "worse": "not reproduced"}[d.verdict]
-        rows[e.label] = {"verdict": word, "difference": d.cell(), "mean": s * statistics.mean(o.test),
-                         "reference_mean": s * statistics.mean(ref.test)}
-    return {"models": rows, "below_baseline": flags}
