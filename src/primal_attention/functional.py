@@ -40,6 +40,49 @@ from primal_attention.reference import EPS, PrimalWeights, uniform_sample_index
 CHUNK_ROWS = 2048
 
 
+def _features_into(f2: Tensor, x2: Tensor, wqk_t: Tensor | None, bqk: Tensor | None, inv: Tensor, d: int,
+                   eps: float) -> None:
+    """The cosine features [q̂ | k̂] of rows ``x2`` (rows, D) into ``f2`` (rows, groups·d): the projection
+    (or ``x2`` itself when it already is the projection), then each d-wide group over its norm; ``inv``
+    (rows, groups) receives the reciprocal norms."""
+    if wqk_t is None:
+        f2.copy_(x2)
+    elif bqk is None:
+        torch.mm(x2, wqk_t, out=f2)
+    else:
+        torch.addmm(bqk, x2, wqk_t, out=f2)
+    fg = f2.view(f2.shape[0], -1, d)
+    torch.linalg.vector_norm(fg, dim=-1, out=inv)
+    inv.clamp_min_(eps).reciprocal_()
+    fg.mul_(inv[:, :, None])
+
+
+def _write_rows(o2: Tensor, f2: Tensor, fold: Tensor, b0: int, b1: int, shared: bool, width: int,
+                bias: Tensor | None, cbias: Tensor | None, obias: Tensor | None, real: Tensor | None) -> None:
+    """Output rows of samples b0..b1 into ``o2`` (rows, out): the features ``f2`` (rows, width) times the
+    folded per-sample maps (one shared map, or one per sample), plus the bias; with a padding mask
+    (``real``: (rows, 1), 1 = real token) padding rows keep only the output projection's bias."""
+    nb, out_dim = b1 - b0, o2.shape[-1]
+    if shared or nb == 1:
+        a2 = fold[0] if shared else fold[b0]
+        if bias is not None:
+            torch.addmm(bias, f2, a2, out=o2)
+        else:
+            torch.mm(f2, a2, out=o2)
+    else:
+        oc, fc = o2.view(nb, -1, out_dim), f2.view(nb, -1, width)
+        if bias is not None:
+            torch.baddbmm(bias, fc, fold[b0:b1], out=oc)
+        else:
+            torch.bmm(fc, fold[b0:b1], out=oc)
+    if real is not None:
+        if cbias is not None:
+            o2.add_(cbias)
+        o2.mul_(real)
+        if obias is not None:
+            o2.add_(obias)
+
+
 class PrimalCache(NamedTuple):
     """What a forward keeps for the KSVD objective.
 
@@ -162,20 +205,10 @@ class _FoldedPrimal(torch.autograd.Function):
             bias = cbias if obias is None else (obias if cbias is None else cbias + obias)
         wqk_t = None if wqk is None else wqk.t()
         for b0, b1, r0, r1 in _chunks(batch, seq_len, chunk_rows):
-            nb, rows = b1 - b0, (b1 - b0) * (r1 - r0)
+            rows = (b1 - b0) * (r1 - r0)
             f2 = f[b0:b1, r0:r1].view(rows, width)
             x2 = x[b0:b1, r0:r1].reshape(rows, -1)
-            if wqk is None:
-                f2.copy_(x2)
-            elif bqk is None:
-                torch.mm(x2, wqk_t, out=f2)
-            else:
-                torch.addmm(bqk, x2, wqk_t, out=f2)
-            fg = f2.view(rows, groups, d)
-            inv = rn[b0:b1, r0:r1].view(rows, groups)
-            torch.linalg.vector_norm(fg, dim=-1, out=inv)
-            inv.clamp_min_(_norm_eps(dtype)).reciprocal_()
-            fg.mul_(inv[:, :, None])
+            _features_into(f2, x2, wqk_t, bqk, rn[b0:b1, r0:r1].view(rows, groups), d, _norm_eps(dtype))
 
             if gram is not None:
                 fgram = f2 if gram_dtype == dtype else f2.to(gram_dtype)
@@ -187,25 +220,8 @@ class _FoldedPrimal(torch.autograd.Function):
                     sl = slice(i * step, (i + 1) * step)
                     _gram_into(gram[b], fgram[sl], fw[sl], groups)
 
-            o2 = out[b0:b1, r0:r1].view(rows, out_dim)
-            if shared or nb == 1:
-                a2 = fold[0] if shared else fold[b0]
-                if bias is not None:
-                    torch.addmm(bias, f2, a2, out=o2)
-                else:
-                    torch.mm(f2, a2, out=o2)
-            else:
-                oc, fc = o2.view(nb, -1, out_dim), f2.view(nb, -1, width)
-                if bias is not None:
-                    torch.baddbmm(bias, fc, fold[b0:b1], out=oc)
-                else:
-                    torch.bmm(fc, fold[b0:b1], out=oc)
-            if real is not None:
-                if cbias is not None:
-                    o2.add_(cbias)
-                o2.mul_(real[b0:b1, r0:r1].reshape(rows, 1))
-                if obias is not None:
-                    o2.add_(obias)
+            _write_rows(out[b0:b1, r0:r1].view(rows, out_dim), f2, fold, b0, b1, shared, width, bias, cbias, obias,
+                        None if real is None else real[b0:b1, r0:r1].reshape(rows, 1))
 
         ctx.save_for_backward(x, wqk, fold, f, rn, real, token_weight)
         ctx.flags = (bqk is not None, cbias is not None, obias is not None, groups, chunk_rows)
@@ -309,39 +325,12 @@ def _folded_infer(x: Tensor, wqk: Tensor | None, bqk: Tensor | None, fold: Tenso
     wqk_t = None if wqk is None else wqk.t()
     eps = _norm_eps(dtype)
     for b0, b1, r0, r1 in chunks:
-        nb, rows = b1 - b0, (b1 - b0) * (r1 - r0)
+        rows = (b1 - b0) * (r1 - r0)
         f2 = f_buf[:rows]
         x2 = x[b0:b1, r0:r1].reshape(rows, -1)
-        if wqk is None:
-            f2.copy_(x2)
-        elif bqk is None:
-            torch.mm(x2, wqk_t, out=f2)
-        else:
-            torch.addmm(bqk, x2, wqk_t, out=f2)
-        fg = f2.view(rows, groups, d)
-        inv = inv_buf[:rows]
-        torch.linalg.vector_norm(fg, dim=-1, out=inv)
-        inv.clamp_min_(eps).reciprocal_()
-        fg.mul_(inv[:, :, None])
-        o2 = out[b0:b1, r0:r1].view(rows, out_dim)
-        if shared or nb == 1:
-            a2 = fold[0] if shared else fold[b0]
-            if bias is not None:
-                torch.addmm(bias, f2, a2, out=o2)
-            else:
-                torch.mm(f2, a2, out=o2)
-        else:
-            oc, fc = o2.view(nb, -1, out_dim), f2.view(nb, -1, width)
-            if bias is not None:
-                torch.baddbmm(bias, fc, fold[b0:b1], out=oc)
-            else:
-                torch.bmm(fc, fold[b0:b1], out=oc)
-        if real is not None:
-            if cbias is not None:
-                o2.add_(cbias)
-            o2.mul_(real[b0:b1, r0:r1].reshape(rows, 1))
-            if obias is not None:
-                o2.add_(obias)
+        _features_into(f2, x2, wqk_t, bqk, inv_buf[:rows], d, eps)
+        _write_rows(out[b0:b1, r0:r1].view(rows, out_dim), f2, fold, b0, b1, shared, width, bias, cbias, obias,
+                    None if real is None else real[b0:b1, r0:r1].reshape(rows, 1))
     return out
 
 
