@@ -166,7 +166,7 @@ def init_cell(setting: Setting, seed: int, *, store: Path = STORE, work: Path = 
     With the run's seed and overrides, the model and the diagnostics batch are those of the run's step 0:
     the trainer and ``load_run`` both seed, build the splits, then build the model.
     """
-    from primal_attention.analysis.spectrum import spectrum_command
+    from primal_attention.analysis.spectrum_command import spectrum_command
 
     target = store / f"{setting.name}_init" / f"seed_{seed}.json"
     if target.is_file():

@@ -325,7 +325,7 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _spectrum(args: argparse.Namespace) -> int:
-    from primal_attention.analysis.spectrum import spectrum_command
+    from primal_attention.analysis.spectrum_command import spectrum_command
 
     return spectrum_command(args.target, split=args.split, max_examples=args.max_examples, batch_size=args.batch_size,
                             group_size=args.group_size, out=args.out, last=args.last, overrides=args.set,

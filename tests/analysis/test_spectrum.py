@@ -8,6 +8,7 @@ import torch
 
 from primal_attention.analysis import capture
 from primal_attention.analysis import spectrum as sp
+from primal_attention.analysis import spectrum_report
 from primal_attention.data.base import SequenceData
 
 
@@ -136,7 +137,7 @@ def test_layer_groups_pool_same_kind_layers(tiny_classifier, ragged_data) -> Non
 
 def test_write_spectrum_writes_json_and_plots(tmp_path, tiny_classifier, ragged_data) -> None:
     result = sp.analyse_spectrum(tiny_classifier(), ragged_data(), batch_size=4)
-    files = sp.write_spectrum(result, tmp_path / "out", title="tiny")
+    files = spectrum_report.write_spectrum(result, tmp_path / "out", title="tiny")
     names = {f.name for f in files}
     assert names == {"spectrum.json", "cumulative_index.png", "cumulative_fraction.png", "heatmap.png", "components.png"}
     for f in files:
@@ -147,4 +148,4 @@ def test_write_spectrum_writes_json_and_plots(tmp_path, tiny_classifier, ragged_
     assert stored["layers"].keys() == result["layers"].keys()
     assert stored["layers"]["encoder.blocks.1.attn"]["views"]["scores"]["components_99_mean"] == \
         result["layers"]["encoder.blocks.1.attn"]["views"]["scores"]["components_99_mean"]
-    assert "| encoder.blocks.1.attn | primal | scores |" in sp.components_table(result)
+    assert "| encoder.blocks.1.attn | primal | scores |" in spectrum_report.components_table(result)

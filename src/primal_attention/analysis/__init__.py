@@ -1,8 +1,10 @@
 """Analysis of trained models: attention singular value spectra.
 
 * :mod:`~primal_attention.analysis.capture`: record attention layer inputs, rebuild their matrices;
-* :mod:`~primal_attention.analysis.spectrum`: batched masked SVDs, streaming curve statistics,
-  plots, and ``primal spectrum`` (with ``--ksvd``, the distances to the exact KSVD solution).
+* :mod:`~primal_attention.analysis.spectrum`: batched masked SVDs, streaming curve statistics and
+  the analysis of a model; :mod:`~primal_attention.analysis.spectrum_report` its JSON, plots and
+  tables; :mod:`~primal_attention.analysis.spectrum_command` ``primal spectrum`` (with ``--ksvd``,
+  the distances to the exact KSVD solution).
 
 J, Λ and the KSVD stationarity residuals live beside the loss, in :mod:`primal_attention.ksvd`.
 """
@@ -12,13 +14,11 @@ from primal_attention.analysis.spectrum import (
     SpectrumStats,
     analyse_spectrum,
     components_for,
-    components_table,
     cumulative_energy,
-    ksvd_table,
     masked_svdvals,
-    spectrum_command,
-    write_spectrum,
 )
+from primal_attention.analysis.spectrum_command import spectrum_command
+from primal_attention.analysis.spectrum_report import components_table, ksvd_table, write_spectrum
 
 __all__ = [
     "LayerInput",
