@@ -16,7 +16,8 @@ import torch
 from primal_attention.bench import QUICK, GridConfig
 from primal_attention.bench.harness import run_grid
 from primal_attention.bench.methods import METHODS, availability
-from primal_attention.bench.report import crossover, growth_exponent, write_outputs
+from primal_attention.bench.analysis import crossover, growth_exponent
+from primal_attention.bench.report import write_outputs
 from primal_attention.bench.workloads import Case, build
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -173,7 +174,7 @@ def test_merge_fills_skipped_cases_and_rejects_double_measurements() -> None:
 
 
 def test_a_baseline_stopped_by_time_is_a_time_win_but_not_a_memory_win() -> None:
-    from primal_attention.bench.report import analyse
+    from primal_attention.bench.analysis import analyse
 
     def rec(method: str, n: int, status: str, t: float | None, mem: float | None) -> dict:
         r = {"level": "train", "dtype": "fp32", "mode": "eager", "method": method, "seq_len": n, "status": status}
@@ -192,7 +193,7 @@ def test_a_baseline_stopped_by_time_is_a_time_win_but_not_a_memory_win() -> None
 
 
 def test_targets_against_the_authors_only_where_timed_side_by_side() -> None:
-    from primal_attention.bench.report import authors_targets, curves
+    from primal_attention.bench.analysis import authors_targets, curves
 
     def rec(level: str, method: str, t: float, mem: float | None = None) -> dict:
         r = {"level": level, "dtype": "fp32", "mode": "eager", "method": method, "seq_len": 4096, "status": "ok",
@@ -214,7 +215,8 @@ def test_targets_against_the_authors_only_where_timed_side_by_side() -> None:
 
 
 def test_the_layer_target_is_compared_with_the_analytic_floor() -> None:
-    from primal_attention.bench.report import _floor_vs_authors_target, curves
+    from primal_attention.bench.analysis import curves
+    from primal_attention.bench.tables import _floor_vs_authors_target
 
     rec = {"level": "layer", "dtype": "fp32", "mode": "eager", "method": "authors", "seq_len": 4096, "status": "ok",
            "time": {"median": 0.087}}

@@ -6,7 +6,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from primal_attention.bench.report import analyse, markdown, plot
+from primal_attention.bench.analysis import analyse
+from primal_attention.bench.plots import plot
+from primal_attention.bench.tables import markdown
 
 DOC_COMMAND = "primal bench --out docs/results/efficiency --doc docs/results/efficiency.md"
 GPU_COMMAND = "scripts/gpu_bench.sh"
