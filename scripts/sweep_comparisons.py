@@ -69,7 +69,7 @@ def section(comparison: str) -> list[str]:
     """The tuned comparison as markdown lines for a results page."""
     grid = ", ".join(f"`{k}` ∈ {{{', '.join(f'{v:g}' for v in vs)}}}" for k, vs in GRID.items())
     extra = OVERRIDES.get(comparison)
-    return [f"Every model swept over {grid} on the same step budget, seed 0, selected on validation "
+    return [f"Every model swept over {grid} on the same step budget, seed 0, selected on validation (a tie: the lower validation loss) "
             f"(`scripts/sweep_comparisons.py --only {comparison}`; `primal sweep`), then the chosen point trained with seeds "
             f"{', '.join(map(str, FINAL_SEEDS))}" + (f"; every run with {', '.join(f'`{o}`' for o in extra)}" if extra else "")
             + ". Test values: mean ± sample std over the final seeds, each seed's evaluation selected on validation; Δ: "
