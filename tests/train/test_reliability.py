@@ -23,9 +23,9 @@ from test_trainer import CONFIG, TINY, cli, sets
 
 CONFIG_ERRORS = {
     "model.attention_options.primal.rnk=30": "unexpected keyword argument 'rnk'",
-    "model.dim=30": "num_heads (8) must divide embed_dim (30)",
-    "model.pooling=bogus": "pooling must be one of",
-    "model.dropout=2": "dropout probability must be in [0, 1], got 2.0",
+    "model.dim=30": "dim 30 is not divisible by num_heads 8",
+    "model.pooling=bogus": "model.pooling: expected one of mean, cls, flatten, got 'bogus'",
+    "model.dropout=2": "dropout must be in [0, 1), got 2.0",
     "model.attention=[softmax,foo]": "unknown attention 'foo'",
     "model.attention=[softmax": "is not valid YAML",
     "train.device=cuda": "CUDA is not available",
