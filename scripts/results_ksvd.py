@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from primal_attention.train.config import load_config
-from primal_attention.train.experiments import claim, evaluation_history, run_stored, stored
+from primal_attention.train.experiments import claim, evaluation_history, rounded, run_stored, stored
 from primal_attention.train.stats import Difference, mean_std, value_cell, welch_difference
 from primal_attention.train.trainer import RunError
 
@@ -113,24 +113,13 @@ PHASES = ("jv", "image", "long")
 # ------------------------------------------------------------------------------------------ running
 
 
-def _rounded(obj):
-    """Floats to 6 significant digits: the stored JSON stays small and diffable."""
-    if isinstance(obj, float):
-        return float(f"{obj:.6g}")
-    if isinstance(obj, dict):
-        return {k: _rounded(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_rounded(v) for v in obj]
-    return obj
-
-
 def _kept(key: str) -> bool:
     return not key.startswith("ksvd/") or key.rsplit(".", 1)[-1] in DIAGNOSTICS_KEPT
 
 
 def _compact(record: dict) -> dict:
     record["history"] = [{k: v for k, v in row.items() if _kept(k)} for row in record.get("history", [])]
-    return _rounded(record)
+    return rounded(record)
 
 
 def _write(path: Path, record: dict) -> None:

@@ -27,6 +27,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from primal_attention.train.experiments import rounded
 from primal_attention.train.stats import mean_std
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -98,17 +99,6 @@ def _run(cmd: list[str]) -> None:
     subprocess.run([*PRIMAL, *cmd[1:]], check=True, cwd=ROOT)
 
 
-def _rounded(obj: Any) -> Any:
-    """Floats to 6 significant digits: the stored JSON stays small and diffable."""
-    if isinstance(obj, float):
-        return float(f"{obj:.6g}")
-    if isinstance(obj, dict):
-        return {k: _rounded(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_rounded(v) for v in obj]
-    return obj
-
-
 def ksvd_history(run_dir: Path) -> list[dict[str, float]]:
     """The evaluation rows of history.csv: step, epoch, test accuracy and the ksvd/* diagnostics."""
     path = run_dir / "history.csv"
@@ -138,7 +128,7 @@ def analyse(exps: dict, seeds: list[int] | None, force: bool) -> None:
                 _run(spectrum_command(exp, run, None))
                 result = json.loads((WORK / "init" / run / "spectrum.json").read_text())
                 target.parent.mkdir(parents=True, exist_ok=True)
-                target.write_text(json.dumps(_rounded(result), indent=1))
+                target.write_text(json.dumps(rounded(result), indent=1))
         for run in exp["runs"]:
             for seed in seeds or exp["seeds"]:
                 run_dir = WORK / run / f"seed_{seed}"
@@ -150,7 +140,7 @@ def analyse(exps: dict, seeds: list[int] | None, force: bool) -> None:
                 result["train_metrics"] = json.loads((run_dir / "metrics.json").read_text())
                 result["ksvd_history"] = ksvd_history(run_dir)
                 target.parent.mkdir(parents=True, exist_ok=True)
-                target.write_text(json.dumps(_rounded(result), indent=1))
+                target.write_text(json.dumps(rounded(result), indent=1))
                 if seed == 0:
                     for png in (run_dir / "spectrum_test").glob("*.png"):
                         shutil.copy(png, OUT / run / png.name)

@@ -23,7 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import sweep_comparisons as tuned  # noqa: E402
 
-from primal_attention.train.comparison import baselines_for, outcome  # noqa: E402
+from primal_attention.train.comparison import baselines_for, clears_baseline, outcome  # noqa: E402
 from primal_attention.train.stats import value_cell, welch_difference  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -167,11 +167,9 @@ def _values(system: System) -> tuple[dict[str, list[float]], str]:
 
 
 def _clears(values: list[float], best_baseline: float | None, maximize: bool) -> bool:
-    """Whether the mean is beyond the best trivial baseline by more than one sample std."""
-    if best_baseline is None or len(values) < 2:
-        return True
-    spread = statistics.stdev(values)
-    return statistics.mean(values) - spread > best_baseline if maximize else statistics.mean(values) + spread < best_baseline
+    """Whether the mean is beyond the best trivial baseline by more than one sample std (no baseline, or
+    fewer than two seeds: nothing to flag)."""
+    return best_baseline is None or len(values) < 2 or clears_baseline(values, best_baseline, maximize)
 
 
 def _verdict(values: list[float], ref: list[float], best_baseline: float | None, maximize: bool,

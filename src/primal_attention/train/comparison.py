@@ -17,7 +17,7 @@ from typing import Any
 
 from primal_attention.train.stats import value_cell, welch_difference
 
-__all__ = ["Entry", "Outcome", "baselines_for", "below_baseline", "outcome", "tuned_section"]
+__all__ = ["Entry", "Outcome", "baselines_for", "below_baseline", "clears_baseline", "outcome", "tuned_section"]
 
 
 @dataclass(frozen=True)
@@ -158,6 +158,14 @@ def tuned_section(entries: Sequence[Entry], baselines: dict[str, Any], *, refere
     return lines
 
 
+def clears_baseline(values: Sequence[float], best: float, maximize: bool) -> bool:
+    """Whether the mean of ``values`` lies beyond ``best`` (the best trivial baseline) by more than one
+    sample std (no spread for a single value), in the metric's good direction."""
+    mean = statistics.mean(values)
+    spread = statistics.stdev(values) if len(values) > 1 else 0.0
+    return mean - spread > best if maximize else mean + spread < best
+
+
 def below_baseline(entries: Sequence[Entry], baselines: dict[str, Any]) -> list[str]:
     """Models whose mean val-selected test is not clearly above the best trivial baseline."""
     out = []
@@ -170,10 +178,7 @@ def below_baseline(entries: Sequence[Entry], baselines: dict[str, Any]) -> list[
         if not rows:
             continue
         best, name = max(rows) if o.maximize else min(rows)
-        mean = statistics.mean(o.test)
-        spread = statistics.stdev(o.test) if len(o.test) > 1 else 0.0
-        beaten = mean - spread > best if o.maximize else mean + spread < best
-        if not beaten:
+        if not clears_baseline(o.test, best, o.maximize):
             s = _scale(o.metric)
-            out.append(f"{e.label} ({s * mean:.1f} vs {name} {s * best:.1f})")
+            out.append(f"{e.label} ({s * statistics.mean(o.test):.1f} vs {name} {s * best:.1f})")
     return out

@@ -13,6 +13,7 @@ import os
 import shlex
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from primal_attention.train.config import load_config
 from primal_attention.train.trainer import run_seeds
@@ -40,6 +41,17 @@ def run_stored(config: Path, store: Path, work: Path, seed: int, overrides: Sequ
     store.parent.mkdir(parents=True, exist_ok=True)
     store.write_text(json.dumps(metrics, indent=2))
     return metrics
+
+
+def rounded(obj: Any) -> Any:
+    """Floats (nested in dicts and lists too) to 6 significant digits: stored JSON stays small and diffable."""
+    if isinstance(obj, float):
+        return float(f"{obj:.6g}")
+    if isinstance(obj, dict):
+        return {k: rounded(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [rounded(v) for v in obj]
+    return obj
 
 
 def evaluation_history(path: Path, columns: Sequence[str] = ()) -> list[dict]:
