@@ -2,10 +2,12 @@
 
 The public API is small::
 
-    from primal_attention import PrimalAttention, ksvd_loss
+    from primal_attention import PrimalAttention, ksvd_terms
     attn = PrimalAttention(embed_dim=64, num_heads=2, rank=20)
     y = attn(x, mask)                  # x (B, N, 64), mask (B, N) bool
-    loss = task_loss + eta * ksvd_loss(model)
+    with ksvd_terms(model) as terms:   # every primal forward in here: its KSVD term
+        loss = task_loss(model(x), y) + eta * terms.loss()
+    # (or, without a scope: loss = task_loss + eta * ksvd_loss(model))
     sol = layer_ksvd(attn, x, mask)    # the exact KSVD solution of its kernel (docs/method.md §7)
 """
 
@@ -18,7 +20,15 @@ from primal_attention.layers import (
     build_attention,
     register_attention,
 )
-from primal_attention.ksvd import ksvd_distances, ksvd_loss, ksvd_objectives, layer_ksvd, primal_layers
+from primal_attention.ksvd import (
+    KSVDTerms,
+    ksvd_distances,
+    ksvd_loss,
+    ksvd_objectives,
+    ksvd_terms,
+    layer_ksvd,
+    primal_layers,
+)
 from primal_attention.models.classifier import ClassifierConfig, SequenceClassifier
 from primal_attention.models.decision import DecisionTransformer, DecisionTransformerConfig
 from primal_attention.models.lm import CausalLM, CausalLMConfig
@@ -33,6 +43,7 @@ __all__ = [
     "ClassifierConfig",
     "DecisionTransformer",
     "DecisionTransformerConfig",
+    "KSVDTerms",
     "MaterializedSoftmaxAttention",
     "PrimalAttention",
     "PrimalState",
@@ -50,6 +61,7 @@ __all__ = [
     "ksvd_distances",
     "ksvd_loss",
     "ksvd_objectives",
+    "ksvd_terms",
     "layer_ksvd",
     "primal_layers",
     "register_attention",

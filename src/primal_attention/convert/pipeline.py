@@ -30,7 +30,7 @@ from torch import Tensor, nn
 
 from primal_attention.convert.subjects import ConvertError, Subject
 from primal_attention.convert.transfer import all_at_once_loss, in_model_loss, layer_errors
-from primal_attention.ksvd import ksvd_loss
+from primal_attention.ksvd import ksvd_terms
 from primal_attention.train.checkpoint import CheckpointError, fit_weights, latest_checkpoint, load_checkpoint, save_checkpoint
 
 TRANSFER_MODES = ("all", "layer")
@@ -307,12 +307,13 @@ class Conversion:
 
         def loss_at(step: int) -> tuple[Tensor, Tensor, dict]:
             batch = s.batch(step, self.batch_size, self.seed)
-            if by_layer:
-                errors = {layer_at(step): in_model_loss(s, self.student, batch, layer_at(step))}
-            else:
-                errors = all_at_once_loss(s, self.student, batch, self.layers)
+            with ksvd_terms(self.student) as terms:
+                if by_layer:
+                    errors = {layer_at(step): in_model_loss(s, self.student, batch, layer_at(step))}
+                else:
+                    errors = all_at_once_loss(s, self.student, batch, self.layers)
             mse = sum(errors.values()) / len(errors)
-            reg = ksvd_loss(self.student) if o.eta > 0 else torch.zeros(())
+            reg = terms.loss() if o.eta > 0 else torch.zeros(())
             return mse + o.eta * reg, mse, {"ksvd": reg.detach()}
 
         self._loop(state, "transfer", total, loss_at, make_opt,
@@ -337,8 +338,9 @@ class Conversion:
         def loss_at(step: int) -> tuple[Tensor, Tensor, dict]:
             self.student.train()
             batch = s.batch(step, self.batch_size, self.seed + 1)
-            task = s.task_loss(s.forward(self.student, batch), batch)
-            reg = ksvd_loss(self.student) if o.eta > 0 else torch.zeros(())
+            with ksvd_terms(self.student) as terms:
+                task = s.task_loss(s.forward(self.student, batch), batch)
+            reg = terms.loss() if o.eta > 0 else torch.zeros(())
             return task + o.eta * reg, task, {"ksvd": reg.detach()}
 
         def after_step(step: int) -> None:

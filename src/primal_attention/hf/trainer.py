@@ -8,7 +8,7 @@ import torch
 from torch import Tensor, nn
 from transformers import Trainer, TrainingArguments
 
-from primal_attention.ksvd.loss import ksvd_loss
+from primal_attention.ksvd.terms import ksvd_terms
 
 REDUCTIONS = ("batch", "sample")
 FORMS = ("authors", "paper")
@@ -57,10 +57,11 @@ class PrimalTrainer(Trainer):
 
     def compute_loss(self, model: nn.Module, inputs: dict[str, Any], return_outputs: bool = False,
                      num_items_in_batch: Tensor | int | None = None) -> Tensor | tuple[Tensor, Any]:
-        loss, outputs = super().compute_loss(model, inputs, return_outputs=True,
-                                             num_items_in_batch=num_items_in_batch)
+        with ksvd_terms(model) as terms:  # this forward's KSVD terms; nothing stays on the layers
+            loss, outputs = super().compute_loss(model, inputs, return_outputs=True,
+                                                 num_items_in_batch=num_items_in_batch)
         if self.ksvd_eta > 0.0 and model.training and torch.is_grad_enabled():
-            term = ksvd_loss(model, self.ksvd_reduction, self.ksvd_form)
+            term = terms.loss(self.ksvd_reduction, self.ksvd_form)
             self._ksvd_logged.append(float(term.detach()))
             if self._loss_scaled_for_accumulation(num_items_in_batch):
                 term = term / self.current_gradient_accumulation_steps

@@ -1,7 +1,9 @@
 """The KSVD side of Primal-Attention: the loss over a model and how close layers are to a solution.
 
-* :mod:`~primal_attention.ksvd.loss`: :func:`ksvd_loss` (consumes every recorded primal forward),
-  :func:`ksvd_objectives` (latest forward per layer), :func:`primal_layers`;
+* :mod:`~primal_attention.ksvd.terms`: :func:`ksvd_terms`, the scope that collects every primal
+  forward's term (``terms.loss()``, ``terms.objectives()``), and :func:`primal_layers`;
+* :mod:`~primal_attention.ksvd.loss`: :func:`ksvd_loss`, the same loss without a scope (consumes the
+  terms the layers keep), and :func:`ksvd_objectives` (latest forward per layer);
 * :mod:`~primal_attention.ksvd.diagnostics`: J, Λ and the stationarity (KKT) residuals;
 * :mod:`~primal_attention.ksvd.dual`: the exact KSVD solution of a layer's kernel (:func:`layer_ksvd`)
   and a layer's distances to it (:func:`ksvd_distances`), docs/method.md §7.
@@ -23,17 +25,20 @@ from primal_attention.ksvd.dual import (
     solution_state,
     solve_ksvd,
 )
-from primal_attention.ksvd.loss import ksvd_loss, ksvd_objectives, primal_layers
+from primal_attention.ksvd.loss import ksvd_loss, ksvd_objectives
+from primal_attention.ksvd.terms import KSVDTerms, ksvd_terms, primal_layers
 
 __all__ = [
     "KKTResiduals",
     "KSVDDistances",
     "KSVDSolution",
+    "KSVDTerms",
     "dual_output",
     "ksvd_diagnostics",
     "ksvd_distances",
     "ksvd_loss",
     "ksvd_objectives",
+    "ksvd_terms",
     "layer_ksvd",
     "model_ksvd_distances",
     "paper_objective",

@@ -24,7 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from primal_attention import reference
-from primal_attention.ksvd.loss import primal_layers
+from primal_attention.ksvd.terms import ksvd_terms, primal_layers
 from primal_attention.layers.inputs import record_inputs
 from primal_attention.layers.primal import PrimalAttention
 
@@ -96,9 +96,11 @@ def ksvd_diagnostics(model: nn.Module, batch: Batch, *, per_head: bool = True) -
     restores the training mode. Keys, for
     a primal layer named ``L``:
 
-    * ``L.J_authors``, ``L.J_paper``: signed J, ``layer.ksvd_objective("batch", form)`` (docs/method.md
-      §4, the authors' and the paper's form); ``L.J_authors_rms``: √(mean_b J_b²) of the authors'
-      per-sample J, what the "sample" reduction squares;
+    * ``L.J_authors``, ``L.J_paper``: signed J (docs/method.md §4, the authors' and the paper's form)
+      of the layer's forward, through a :func:`~primal_attention.ksvd.terms.ksvd_terms` scope (nothing
+      is left on the layers); ``L.J_authors_rms``: √(mean_b J_b²) of the authors' per-sample J, what
+      the "sample" reduction squares. A layer called more than once (two towers) reports every call:
+      ``L#2.J_authors``, ... (the keys below are of its latest call);
     * ``L.lam_mean``, ``L.lam_abs_mean``, ``L.lam_min``, ``L.lam_max``: of Λ = ``layer.lambdas``;
     * ``L.res_we``, ``L.res_wr``: :func:`stationarity_residuals` (float64, the sample's real
       tokens, through :func:`primal_attention.reference.primal_attention` on the captured layer
@@ -113,12 +115,15 @@ def ksvd_diagnostics(model: nn.Module, batch: Batch, *, per_head: bool = True) -
     model.eval()
     out: dict[str, float] = {}
     try:
-        with record_inputs(layers) as seen:
+        with record_inputs(layers) as seen, ksvd_terms(model, inference=True) as terms:
             model(**batch.inputs)
+            for key, j in terms.objectives("batch", "authors").items():
+                out[f"{key}.J_authors"] = float(j)
+            for key, j in terms.objectives("batch", "paper").items():
+                out[f"{key}.J_paper"] = float(j)
+            for key, j in terms.objectives("sample", "authors").items():
+                out[f"{key}.J_authors_rms"] = float(j.square().mean().sqrt())
             for name, layer in layers:
-                out[f"{name}.J_authors"] = float(layer.ksvd_objective("batch", "authors"))
-                out[f"{name}.J_paper"] = float(layer.ksvd_objective("batch", "paper"))
-                out[f"{name}.J_authors_rms"] = float(layer.ksvd_objective("sample", "authors").square().mean().sqrt())
                 lam = layer.lambdas.detach().to(torch.float64)
                 out[f"{name}.lam_mean"] = float(lam.mean())
                 out[f"{name}.lam_abs_mean"] = float(lam.abs().mean())

@@ -7,12 +7,15 @@ terms for :func:`primal_attention.ksvd_loss` (docs/method.md §4).
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.optim.optimizer import register_optimizer_step_post_hook
+from torch.utils.module_tracker import ModuleTracker
 
 from primal_attention import functional, reference
 from primal_attention.layers.checks import check_dtype, check_heads, check_input, resolve_mask
@@ -28,6 +31,39 @@ KSVDTerm = functional.PrimalCache | reference.PrimalTrace
 #: an optional per-token map of the projections ``[q | k]`` (B, N, 2D) -> (B, N, 2D), e.g. a
 #: rotary position embedding (see ``PrimalAttention.forward``).
 QKTransform = Callable[[Tensor], Tensor]
+
+
+class TermSink(Protocol):
+    """Where a layer inside a :func:`primal_attention.ksvd_terms` scope sends its KSVD terms."""
+
+    def add(self, layer: PrimalAttention, term: KSVDTerm, grad: bool) -> None: ...
+
+
+#: answers "is autograd running a backward pass now?" through a public API (``is_bw``; the tracker
+#: need not be entered): the forward that activation checkpointing recomputes inside backward
+#: records nothing.
+_BACKWARD = ModuleTracker()
+#: the layers that hold recorded terms outside a scope (for the optimiser-step hook below).
+_HOLDING: weakref.WeakSet[PrimalAttention] = weakref.WeakSet()
+
+
+def _terms_go_stale(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+    """After any optimiser's step: the terms a layer holds become stale when that optimiser updated
+    one of its parameters (their features came from the old weights)."""
+    if not _HOLDING:
+        return
+    stepped = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    for layer in list(_HOLDING):
+        if any(id(p) in stepped for p in layer.parameters()):
+            layer._generation += 1
+
+
+def _terms_go_stale_on_load(layer: nn.Module, incompatible_keys: Any) -> None:
+    """``load_state_dict`` replaced the layer's weights: its held terms are stale."""
+    layer._generation += 1
+
+
+register_optimizer_step_post_hook(_terms_go_stale)
 
 
 class PrimalDecodePlan(NamedTuple):
@@ -216,12 +252,18 @@ class PrimalAttention(nn.Module):
             self.lam = nn.Parameter(torch.empty(num_heads, rank))
         self.mix = nn.Linear(2 * rank, self.head_dim, bias=bias)
         self.out_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
-        self.reset_parameters()
+        # KSVD terms outside a scope: the latest forward's, and the recorded ones with the
+        # generation of the weights they were computed from (None: recorded inside torch.compile).
+        self._generation = 0
         self._last: KSVDTerm | None = None
-        self._terms: list[tuple[KSVDTerm, tuple[int, ...] | None]] = []
+        self._terms: list[tuple[KSVDTerm, int | None]] = []
+        self._sinks: list[TermSink] = []  # the ksvd_terms scopes this layer is in, innermost last
+        self.register_load_state_dict_post_hook(_terms_go_stale_on_load)
+        self.reset_parameters()
 
     def reset_parameters(self) -> None:
         """Authors' init: orthogonal W_e, W_r on the 3-D tensor, Λ ~ U[0, 1); Linear defaults."""
+        self._generation += 1
         nn.init.orthogonal_(self.we)
         nn.init.orthogonal_(self.wr)
         if self.positive_lambda:
@@ -322,32 +364,34 @@ class PrimalAttention(nn.Module):
         self._record(trace)
         return trace.out
 
-    def _parameter_versions(self) -> tuple[int, ...]:
-        # In-place updates (optimiser steps, load_state_dict) bump a tensor's version counter.
-        return tuple(p._version for p in self.parameters())
-
     def _record(self, term: KSVDTerm) -> None:
-        """Keep a forward's KSVD term: as the latest, and for ksvd_loss when it can carry gradients."""
-        if torch.compiler.is_compiling():
-            # Inside a compiled graph the version counters cannot be read: the term is kept without
-            # them (see pop_ksvd_terms), so a compiled loop should call ksvd_loss every step.
-            self._last = term
-            if torch.is_grad_enabled():
-                self._terms.append((term, None))
-            return
-        if torch._C._current_autograd_node() is not None:
+        """Send a forward's KSVD term to the innermost ksvd_terms scope, or keep it on the layer."""
+        compiling = torch.compiler.is_compiling()
+        if not compiling and _BACKWARD.is_bw:
             return  # the forward that activation checkpointing recomputes inside backward
+        grad = torch.is_grad_enabled()
+        if self._sinks:
+            self._last = None
+            self._sinks[-1].add(self, term, grad)
+            return
         self._last = term
-        if torch.is_grad_enabled():
-            versions = self._parameter_versions()
-            self._terms = [t for t in self._terms if t[1] in (versions, None)]
-            self._terms.append((term, versions))
+        if not grad:
+            return
+        if compiling:
+            # Inside a compiled graph the weakref set cannot be touched: the term is kept without a
+            # generation (see pop_ksvd_terms), so a compiled loop should call ksvd_loss every step
+            # (or use a ksvd_terms scope, which keeps nothing on the layer).
+            self._terms.append((term, None))
+            return
+        self._terms = [t for t in self._terms if t[1] == self._generation]
+        self._terms.append((term, self._generation))
+        _HOLDING.add(self)
 
     def pop_ksvd_terms(self) -> list[KSVDTerm]:
         """The terms recorded since the previous call (with the current parameters), and forget them."""
-        versions = self._parameter_versions()
-        terms = [t for t, v in self._terms if v in (versions, None)]
+        terms = [t for t, g in self._terms if g in (self._generation, None)]
         self._terms = []
+        _HOLDING.discard(self)
         return terms
 
     def term_objective(self, term: KSVDTerm, reduction: str = "batch", form: str = "authors") -> Tensor:
@@ -372,13 +416,15 @@ class PrimalAttention(nn.Module):
         See docs/method.md §4. Computed in float32 with autocast off.
         """
         if self._last is None:
-            raise RuntimeError("PrimalAttention.ksvd_objective: call forward first")
+            raise RuntimeError("PrimalAttention.ksvd_objective: call forward first (outside a ksvd_terms scope: "
+                               "inside one, the terms are the scope's, terms.objectives())")
         return self.term_objective(self._last, reduction, form)
 
     def clear_cache(self) -> None:
         """Drop every tensor kept for the KSVD objective (the latest forward and the recorded terms)."""
         self._last = None
         self._terms = []
+        _HOLDING.discard(self)
 
     def step(
         self,

@@ -31,7 +31,7 @@ from torch import Tensor, nn
 
 from primal_attention.allocator import retain_freed_memory
 from primal_attention.data.base import Batch, SequenceData
-from primal_attention.ksvd import ksvd_diagnostics, ksvd_loss, ksvd_objectives, primal_layers
+from primal_attention.ksvd import ksvd_diagnostics, ksvd_terms, primal_layers
 from primal_attention.train.checkpoint import (
     CheckpointError,
     checkpoint_config,
@@ -313,10 +313,12 @@ class Trainer:
         index = self._global_batch(loop.step, len(loop.splits.train), loop.steps_per_epoch)
         local = index[self.rank :: self.world]
         b = train_batch(self.cfg, loop.splits.train, local, loop.step).to(self.device)
-        logits = loop.net(**b.inputs)
+        with ksvd_terms(loop.model) as terms:  # the step's KSVD terms: nothing stays on the layers
+            logits = loop.net(**b.inputs)
         share = len(local) * self.world / len(index)  # makes DDP's mean the global mean
         task = loop.task.loss(logits, b)
-        reg = ksvd_loss(loop.model, t.ksvd_reduction, t.ksvd_form) if t.eta > 0 else torch.zeros((), device=self.device)
+        reg = terms.loss(t.ksvd_reduction, t.ksvd_form) if t.eta > 0 else torch.zeros((), device=self.device)
+        del terms
         # "summed": η·KSVD joins the summed task loss, the total is divided by the targets (fairseq's
         # LM criterion), so η weighs 1 / targets of what it weighs under "mean".
         eta = t.eta / loop.task.targets(b) if t.ksvd_weighting == "summed" else t.eta
@@ -378,10 +380,11 @@ class Trainer:
         t = self.cfg.train
         row: dict[str, Any] = {"step": step, "epoch": step / steps_per_epoch, "train_loss": last["loss"],
                                "train_ksvd": last["ksvd"], "train_batch_acc": last["acc"]}
-        if splits.val is not None:
-            row.update({f"val_{k}": v for k, v in self._task.evaluate(model, splits.val, t.eval_batch_size, self.device).items()})
-        if t.protocol == "authors" or t.track_test:
-            row.update({f"test_{k}": v for k, v in self._task.evaluate(model, splits.test, t.eval_batch_size, self.device).items()})
+        with ksvd_terms(model):  # evaluation forwards leave nothing on the primal layers
+            if splits.val is not None:
+                row.update({f"val_{k}": v for k, v in self._task.evaluate(model, splits.val, t.eval_batch_size, self.device).items()})
+            if t.protocol == "authors" or t.track_test:
+                row.update({f"test_{k}": v for k, v in self._task.evaluate(model, splits.test, t.eval_batch_size, self.device).items()})
         if primal_layers(model):
             # KSVD state (J, Λ, stationarity residuals) on a fixed batch: the first training examples.
             fixed = _first_batch(splits.train, t.eval_batch_size, self.device)
@@ -461,11 +464,13 @@ class Trainer:
 
     @torch.no_grad()
     def _final_j(self, model: nn.Module, data: SequenceData) -> dict[str, float]:
-        """Signed J per primal layer (batch reduction) on the first training examples, eval mode."""
+        """Signed J per primal layer (batch reduction) on the first training examples, eval mode; a layer
+        called twice (two towers) gives ``name`` and ``name#2``."""
         was = model.training
         model.eval()
-        model(**_first_batch(data, self.cfg.train.eval_batch_size, self.device).inputs)
-        out = {name: float(j) for name, j in ksvd_objectives(model, "batch", self.cfg.train.ksvd_form).items()}
+        with ksvd_terms(model, inference=True) as terms:
+            model(**_first_batch(data, self.cfg.train.eval_batch_size, self.device).inputs)
+        out = {name: float(j) for name, j in terms.objectives("batch", self.cfg.train.ksvd_form).items()}
         model.train(was)
         return out
 
