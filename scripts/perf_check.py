@@ -122,8 +122,8 @@ def decode_cell(spec: dict) -> dict:
 
             timers["hf"] = hf_run
         else:
-            state = synthetic_state(model, context, batch, torch.Generator().manual_seed(3))
-            model.decoder.decode_plan(), model.head_t()  # the decode layout of the weights, built once
+            # the decode layout of the weights, built once (carried by the state)
+            state = synthetic_state(model, context, batch, torch.Generator().manual_seed(3))._replace(plan=model.decode_plan())
             row["state_bytes"] = sum(t.numel() * t.element_size() for layer in state.layers for t in layer)
             if spec.get("base"):
                 sys.path.insert(0, spec["base"])

@@ -175,6 +175,37 @@ def test_fused_plan_follows_parameter_updates() -> None:
     torch.testing.assert_close(after, full, rtol=0, atol=1e-9)
 
 
+def test_a_new_state_sees_new_weights() -> None:
+    """The decoding constants travel in the state (no cache keyed on tensor internals); a state or a
+    prefill started after the parameters changed decodes with the new ones."""
+    model = lm(PATTERNS["hybrid"])
+    tokens = torch.randint(0, 23, (2, 6), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        state = None
+        for t in range(3):
+            _, state = model.step(tokens[:, t], state)
+        assert state.plan is not None and state.plan.blocks is not None
+        for p in model.parameters():
+            p.mul_(1.05)
+        _, fresh = model.prefill(tokens[:, :3])
+        assert fresh.plan is None
+        new, _ = model.step(tokens[:, 3], fresh)
+        torch.testing.assert_close(new, model(tokens)[:, 3], rtol=0, atol=1e-9)
+
+
+def test_layer_step_with_a_plan_equals_the_unfused_step() -> None:
+    torch.manual_seed(0)
+    layer = pa.PrimalAttention(16, 2, rank=4, causal=True).double().eval()
+    x = torch.randn(3, 5, 16, dtype=torch.float64)
+    with torch.no_grad():
+        plan, fused, plain = layer.decode_plan(), None, None
+        for t in range(5):
+            a, fused = layer.step(x[:, t], fused, plan=plan)
+            b, plain = layer.step(x[:, t], plain)
+            torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+            torch.testing.assert_close(a, layer(x[:, : t + 1])[:, t], rtol=0, atol=1e-12)
+
+
 @pytest.mark.parametrize("kind", list(PATTERNS))
 def test_batched_generation_with_lengths_equals_one_prompt_at_a_time(kind) -> None:
     model = lm(PATTERNS[kind])

@@ -229,11 +229,10 @@ def measure_one(cfg: DecodeConfig, model_name: str, context: int) -> dict[str, A
     if model_name == HF_MODEL:
         return _measure_hf(cfg, model, context, tokens, row)
     with torch.no_grad():
-        # The decode layout of the weights (part of the model, not of the state), and one throwaway
-        # step from an empty state: the first call's one-time library initialisation (6-9 MiB of
-        # resident memory, on main's step too) is then not counted as the decoding's growth.
-        model.decoder.decode_plan()
-        model.head_t()
+        # The decode layout of the weights (built once, before the baseline: not the decoding's
+        # growth), and one throwaway step from an empty state: the first call's one-time library
+        # initialisation (6-9 MiB of resident memory, on main's step too) is then not counted either.
+        plan = model.decode_plan()
         model.step(tokens[:, 0])
     with torch.no_grad():
         if cfg.prefill_max and context <= cfg.prefill_max:
@@ -247,7 +246,7 @@ def measure_one(cfg: DecodeConfig, model_name: str, context: int) -> dict[str, A
         baseline_kib = _status_kib("VmRSS")
         if cuda:
             allocated = torch.cuda.memory_allocated()
-        state = start = synthetic_state(model, context, cfg.batch, torch.Generator().manual_seed(3))
+        state = start = synthetic_state(model, context, cfg.batch, torch.Generator().manual_seed(3))._replace(plan=plan)
         peak_ok = _reset_peak()  # the peak of decoding, with the state resident
         if cuda:
             torch.cuda.reset_peak_memory_stats()

@@ -132,11 +132,13 @@ class PrimalSelfAttention(nn.Module):
             transform = self._transform(rotary, slice(None))
             out = self.primal(x, real, qk_transform=transform)
             state = self.primal.prefill_state(x, real, qk_transform=transform)
+            # the fused step's constants, for this generation (the weights do not change during it)
+            slot.plan = None if torch.is_grad_enabled() else self.primal.decode_plan()
         else:
             state, rows = slot.state, []
             for t in range(n):
                 row, state = self.primal.step(x[:, t], state, None if real is None else real[:, t],
-                                              qk_transform=self._transform(rotary, slice(t, t + 1)))
+                                              qk_transform=self._transform(rotary, slice(t, t + 1)), plan=slot.plan)
                 rows.append(row)
             out = torch.stack(rows, dim=1)
         # The cache is for decoding: no gradient flows through it into a later call.

@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 from transformers.cache_utils import Cache, CacheLayerMixin, DynamicLayer, EncoderDecoderCache
 
-from primal_attention.layers.primal import PrimalState
+from primal_attention.layers.primal import PrimalDecodePlan, PrimalState
 
 
 class PrimalCacheLayer(CacheLayerMixin):
@@ -41,6 +41,7 @@ class PrimalCacheLayer(CacheLayerMixin):
     def __init__(self) -> None:
         super().__init__()
         self.state: PrimalState | None = None
+        self.plan: PrimalDecodePlan | None = None  # the layer's fused decoding constants, set at prefill
         self.seen_tokens = 0
         self.device: torch.device | None = None
 
@@ -78,6 +79,7 @@ class PrimalCacheLayer(CacheLayerMixin):
 
     def reset(self) -> None:
         self.state = None
+        self.plan = None
         self.seen_tokens = 0
         self.is_initialized = False
 

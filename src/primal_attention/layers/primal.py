@@ -433,6 +433,7 @@ class PrimalAttention(nn.Module):
         mask_t: Tensor | None = None,
         *,
         qk_transform: QKTransform | None = None,
+        plan: PrimalDecodePlan | None = None,
     ) -> tuple[Tensor, PrimalState]:
         """Incremental decoding for causal layers: O(1) time and memory per token.
 
@@ -443,6 +444,9 @@ class PrimalAttention(nn.Module):
                 advanced and its output is ``out_proj.bias``, as in the full forward.
             qk_transform: as in :meth:`forward`, called on ``[q_t | k_t]`` of shape (B, 1, 2D)
                 (for this token's position).
+            plan: :meth:`decode_plan`, built once for a decoding loop whose weights do not change:
+                the step then takes the fused path (:func:`fused_step`) where it can (no mask_t, no
+                qk_transform, no gradients, float32 / float64). None: the step reads the parameters.
 
         Returns:
             out_t with x_t's shape, and the new state. Equal to row t of ``forward`` on the prefix.
@@ -467,8 +471,8 @@ class PrimalAttention(nn.Module):
             state = PrimalState(torch.zeros(batch, 2 * self.embed_dim, dtype=acc, device=x_t.device),
                                 torch.zeros(batch, dtype=acc, device=x_t.device))
         self._check_state(state, batch, acc, x_t.device)
-        if mask_t is None and qk_transform is None and self.fused_step_ok(x_t):
-            out, total, count = fused_step(self.decode_plan(), x_t, state.total, state.count[:, None])
+        if plan is not None and mask_t is None and qk_transform is None and self.fused_step_ok(x_t):
+            out, total, count = fused_step(plan, x_t, state.total, state.count[:, None])
             return (out[:, None] if token_axis else out), PrimalState(total, count[:, 0])
         w = self.weights()
         qk_weight = torch.cat([w.q_weight, w.k_weight], dim=0)
@@ -489,14 +493,10 @@ class PrimalAttention(nn.Module):
         return out, PrimalState(total, count)
 
     def decode_plan(self) -> PrimalDecodePlan:
-        """The constants of the fused decoding step (:func:`fused_step`), rebuilt when a parameter
-        changed (in place, or replaced by ``.to()`` / ``.double()``). Causal layers only."""
+        """The constants of the fused decoding step (:func:`fused_step`) from the current parameters,
+        for one decoding loop (a copy: parameters changed later are not seen). Causal layers only."""
         if not self.causal:
             raise RuntimeError("PrimalAttention.decode_plan: only causal layers decode incrementally")
-        key = tuple((p.data_ptr(), p._version) for p in self.parameters())
-        cached = getattr(self, "_plan", None)
-        if cached is not None and cached[0] == key:
-            return cached[1]
         with torch.no_grad():
             w = self.weights()
             qk_t = torch.cat([w.q_weight, w.k_weight], dim=0).t().contiguous()
@@ -507,9 +507,7 @@ class PrimalAttention(nn.Module):
                 d = self.head_dim
                 cb = torch.einsum("e,ohe->o", w.mix_bias, w.out_weight.view(self.embed_dim, self.num_heads, d))
                 bias = cb if bias is None else cb + bias
-            plan = PrimalDecodePlan(qk_t, qk_bias, fold, bias, 2 * self.num_heads, self.head_dim)
-        self._plan = (key, plan)
-        return plan
+            return PrimalDecodePlan(qk_t, qk_bias, fold, bias, 2 * self.num_heads, self.head_dim)
 
     def fused_step_ok(self, x: Tensor) -> bool:
         """Whether :meth:`step` may take the fused path for x: no gradients wanted, no autocast, a

@@ -141,23 +141,18 @@ class SoftmaxAttention(nn.Module):
         return self.out_proj(y)
 
     def decode_plan(self) -> SoftmaxDecodePlan:
-        """The constants of the fused decoding step, rebuilt when a parameter changed. Causal only."""
+        """The constants of the fused decoding step from the current parameters, for one decoding loop
+        (a copy: parameters changed later are not seen). Causal only."""
         if not self.causal:
             raise RuntimeError(f"{type(self).__name__}: only causal layers decode incrementally")
-        key = tuple((p.data_ptr(), p._version) for p in self.parameters())
-        cached = getattr(self, "_plan", None)
-        if cached is not None and cached[0] == key:
-            return cached[1]
         with torch.no_grad():
             qkv_t = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight], dim=0).t().contiguous()
             bias = None
             if self.q_proj.bias is not None:
                 bias = torch.cat([self.q_proj.bias, self.k_proj.bias, self.v_proj.bias], dim=0)
             out_b = None if self.out_proj.bias is None else self.out_proj.bias.detach()
-            plan = SoftmaxDecodePlan(qkv_t, bias, self.out_proj.weight.detach().t().contiguous(), out_b,
+            return SoftmaxDecodePlan(qkv_t, bias, self.out_proj.weight.detach().t().contiguous(), out_b,
                                      self.num_heads, self.head_dim)
-        self._plan = (key, plan)
-        return plan
 
     def _finite_tokens(self, x: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor | None]:
         """x (B, N, D) for the keys and values, with the tokens that hold NaN / inf zeroed, and

@@ -46,12 +46,27 @@ class CausalLMConfig(StackConfig):
                 raise ValueError(f"CausalLMConfig: {key} must be a positive int (vocab_size >= 2), got {value!r}")
 
 
+class LMDecodePlan(NamedTuple):
+    """The decoding constants of a :class:`CausalLM` (:meth:`CausalLM.decode_plan`): the stack's fused
+    plan (None: a block without the fused step) and a (D, V) contiguous copy of the tied head."""
+
+    blocks: list[Any] | None
+    head_t: Tensor
+
+
 class LMState(NamedTuple):
     """Decoding state of a :class:`CausalLM`: the next position and one state per block (a primal
-    layer's O(1) :class:`~primal_attention.layers.primal.PrimalState`, a softmax layer's KV cache)."""
+    layer's O(1) :class:`~primal_attention.layers.primal.PrimalState`, a softmax layer's KV cache).
+
+    ``plan``: the decoding constants (:meth:`CausalLM.decode_plan`), built at the sequence's first step
+    without gradients and carried from step to step (None until then). Like the running sums and KV
+    caches, they belong to the weights the sequence started with: after changing the parameters,
+    start a new state (or prefill again).
+    """
 
     position: int
     layers: list[Any]
+    plan: LMDecodePlan | None = None
 
 
 class CausalLM(nn.Module):
@@ -132,27 +147,26 @@ class CausalLM(nn.Module):
 
     def _step(self, tokens_t: Tensor, state: LMState | None) -> tuple[Tensor, LMState]:
         """:meth:`step` without its checks (for callers whose tokens and states are their own). Without
-        gradients every block takes its fused step (:meth:`TransformerStack.step`) and the logits come
-        from a contiguous copy of the head (:meth:`head_t`)."""
+        gradients the state carries the decoding plan (:meth:`decode_plan`, built at its first such
+        step): every block takes its fused step (:meth:`TransformerStack.step`) and the logits come
+        from a contiguous copy of the head."""
         position = 0 if state is None else state.position
         weight = self.embed.weight
         h = torch.add(self.pos[position], F.embedding(tokens_t, weight), alpha=self.embed_scale)
-        h, layers = self.decoder.step(h, None if state is None else state.layers)
+        layers = None if state is None else state.layers
         if torch.is_grad_enabled():
+            h, layers = self.decoder.step(h, layers)
             return h @ weight.T, LMState(position + 1, layers)
-        return h @ self.head_t(), LMState(position + 1, layers)
+        plan = state.plan if state is not None and state.plan is not None else self.decode_plan()
+        h, layers = self.decoder.step(h, layers, plans=plan.blocks)
+        return h @ plan.head_t, LMState(position + 1, layers, plan)
 
-    def head_t(self) -> Tensor:
-        """A (D, V) contiguous copy of the tied output head for decoding (a one-row matmul reads it
-        faster than ``embed.weight.T``), rebuilt when the embedding changes; no gradient."""
-        w = self.embed.weight
-        key = (w.data_ptr(), w._version)
-        cached = getattr(self, "_head_t", None)
-        if cached is None or cached[0] != key:
-            with torch.no_grad():
-                cached = (key, w.detach().t().contiguous())
-            self._head_t = cached
-        return cached[1]
+    def decode_plan(self) -> LMDecodePlan:
+        """The decoding constants from the current parameters (for one decoding loop: parameters
+        changed later are not seen): the stack's fused plan and a (D, V) contiguous copy of the tied
+        head (a one-row matmul reads it faster than ``embed.weight.T``); no gradient."""
+        with torch.no_grad():
+            return LMDecodePlan(self.decoder.decode_plan(), self.embed.weight.detach().t().contiguous())
 
     def prefill(self, prompt: Tensor, mask: Tensor | None = None) -> tuple[Tensor, LMState]:
         """One forward over prompt (B, N0) int64 -> logits (B, N0, V) and the state after it.
@@ -273,18 +287,20 @@ class LMDecodeSession:
                              f"{model.config.max_seq_len}")
         p = model.embed.weight
         self.weight, self.scale, self.pos = p, model.embed_scale, model.pos
-        self.head = model.head_t() if not torch.is_grad_enabled() else p.T
+        plan = None
+        if not torch.is_grad_enabled():
+            plan = state.plan if state is not None and state.plan is not None else model.decode_plan()
+        self.head = p.T if plan is None else plan.head_t
         self.index = None if lengths is None else lengths.clone()  # per-sequence next position
         self.position = position
-        self.state = state
+        self.state = state if plan is None or state is None else state._replace(plan=plan)
         self.session = None
-        if not torch.is_grad_enabled() and p.dtype in (torch.float32, torch.float64) \
-                and model.decoder.decode_plan() is not None:
+        if plan is not None and p.dtype in (torch.float32, torch.float64) and plan.blocks is not None:
             key_mask = None
             if lengths is not None:
                 key_mask = torch.arange(position, device=p.device)[None, :] < lengths[:, None]
             self.session = model.decoder.decode_session(None if state is None else state.layers, batch, capacity,
-                                                        key_mask=key_mask)
+                                                        key_mask=key_mask, plans=plan.blocks)
         elif lengths is not None:
             raise TypeError("CausalLM.decode_session: per-sequence lengths need the fused step "
                             "(causal primal / softmax blocks, float32 / float64, under no_grad)")

@@ -220,18 +220,9 @@ class TransformerStack(nn.Module):
         return self.norm(x)
 
     def decode_plan(self) -> list[BlockPlan] | None:
-        """The fused decoding plan of every block, or None where a block cannot take it (an attention
-        other than causal primal / softmax, or training mode). Rebuilt when a parameter changed."""
-        # The key reads every parameter's storage and version through a flat list of the modules
-        # (walking the module tree each token cost more than a fused block step); a Parameter
-        # reassigned on a module is seen, a submodule replaced after the first step is not: set
-        # ``stack._plan = None`` then.
-        cached = getattr(self, "_plan", None)
-        modules = cached[3] if cached is not None else [m for m in self.modules() if m._parameters]
-        key = [(p.data_ptr(), p._version) for m in modules for p in m._parameters.values() if p is not None]
-        modes = [b.training for b in self.blocks]
-        if cached is not None and cached[0] == key and cached[1] == modes:
-            return cached[2]
+        """The fused decoding plan of every block from the current parameters (copies and views for
+        one decoding loop: parameters changed later are not seen), or None where a block cannot take
+        it (an attention other than causal primal / softmax, or training mode)."""
         plans: list[BlockPlan] | None = []
         for block in self.blocks:
             attn = block.attn
@@ -251,7 +242,6 @@ class TransformerStack(nn.Module):
                 # the (out, in) weights (measured at batch 1, D 128, 1 thread)
                 fc1.weight.detach().t().contiguous(), _detached(fc1.bias), fc2.weight.detach().t().contiguous(),
                 _detached(fc2.bias), isinstance(block.ffn[1], nn.ReLU)))
-        self._plan = (key, modes, plans, modules)
         return plans
 
     def _fused_ok(self, x_t: Tensor) -> bool:
@@ -261,8 +251,9 @@ class TransformerStack(nn.Module):
 
     def decode_session(self, states: list[Any] | None, batch: int, capacity: int, *,
                        key_mask: Tensor | None = None, dtype: torch.dtype | None = None,
-                       device: torch.device | None = None) -> DecodeSession:
-        """A :class:`DecodeSession` from per-block states (None: empty) for ``capacity`` more tokens.
+                       device: torch.device | None = None, plans: list[BlockPlan] | None = None) -> DecodeSession:
+        """A :class:`DecodeSession` from per-block states (None: empty) for ``capacity`` more tokens,
+        with ``plans`` (:meth:`decode_plan`, built here when None).
 
         Raises a RuntimeError in training mode or under autograd, a TypeError for a block without the
         fused step (see :meth:`decode_plan`)."""
@@ -270,7 +261,7 @@ class TransformerStack(nn.Module):
             raise RuntimeError("TransformerStack.decode_session: decoding runs without dropout; call .eval() first")
         if torch.is_grad_enabled():
             raise RuntimeError("TransformerStack.decode_session: run it under torch.no_grad() / inference_mode()")
-        plans = self.decode_plan()
+        plans = self.decode_plan() if plans is None else plans
         if plans is None:
             raise TypeError("TransformerStack.decode_session: every block needs a causal primal or softmax attention "
                             "and a GELU / ReLU feed-forward")
@@ -315,18 +306,19 @@ class TransformerStack(nn.Module):
             x = _fused_ffn(bp, x)
         return x, new
 
-    def step(self, x_t: Tensor, states: list[Any] | None = None) -> tuple[Tensor, list[Any]]:
+    def step(self, x_t: Tensor, states: list[Any] | None = None, *,
+             plans: list[BlockPlan] | None = None) -> tuple[Tensor, list[Any]]:
         """One token through every block: x_t (B, D) -> (B, D) and the per-block states (None to start).
 
-        Without gradients (no_grad / inference_mode), in eval mode and float32 / float64, every block
-        takes its fused step (:meth:`decode_plan`: a handful of tensor operations per block, no module
-        calls, no per-layer re-validation beyond the state's shape); otherwise each block's own step."""
+        With ``plans`` (:meth:`decode_plan`, built once per decoding loop), without gradients
+        (no_grad / inference_mode), in eval mode and float32 / float64, every block takes its fused
+        step (a handful of tensor operations per block, no module calls, no per-layer re-validation
+        beyond the state's shape); otherwise each block's own step (which reads the parameters)."""
         states = [None] * len(self.blocks) if states is None else states
         if len(states) != len(self.blocks):
             raise ValueError(f"TransformerStack.step: expected {len(self.blocks)} block states, got {len(states)}")
-        if self._fused_ok(x_t):
-            plans = self.decode_plan()
-            if plans is not None:
+        if plans is not None and self._fused_ok(x_t) and not any(b.training for b in self.blocks):
+            if len(plans) == len(self.blocks):
                 done = self._fused_step(plans, x_t, states)
                 if done is not None:
                     x_t, new = done
