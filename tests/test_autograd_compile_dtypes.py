@@ -34,7 +34,7 @@ def _functional(layer, x, mask):
 
 
 def test_gradcheck_parameters() -> None:
-    from primal_attention import functional
+    from primal_attention.ops.primal import fused
 
     torch.manual_seed(0)
     layer = PrimalAttention(6, 2, 3, num_samples=4).double()
@@ -43,8 +43,8 @@ def test_gradcheck_parameters() -> None:
 
     def f(we, wr, lam, mix_weight, q_weight):
         w = layer.weights()._replace(we=we, wr=wr, lam=lam, mix_weight=mix_weight, q_weight=q_weight)
-        out, cache = functional.primal_attention(x, w, heads=2)
-        return out, functional.ksvd_objective(cache, lam, we, wr)
+        out, cache = fused.primal_attention(x, w, heads=2)
+        return out, fused.ksvd_objective(cache, lam, we, wr)
 
     w = layer.weights()
     params = tuple(getattr(w, n).detach().clone().requires_grad_(True) for n in names)

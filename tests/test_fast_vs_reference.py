@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from primal_attention import PrimalAttention
-from primal_attention import functional, reference
+from primal_attention.ops.primal import fused, reference
 
 
 def random_mask(batch: int, seq_len: int, gen: torch.Generator, kind: str) -> torch.Tensor | None:
@@ -101,14 +101,14 @@ def test_valid_sample_index_matches_reference() -> None:
         mask = torch.rand(4, 37, generator=gen) > 0.5
         mask[0] = False  # fully padded sample
         for n in (1, 2, 5, 40, 100):
-            assert torch.equal(functional.valid_sample_index(mask, n), reference.valid_sample_index(mask, n))
+            assert torch.equal(fused.valid_sample_index(mask, n), reference.valid_sample_index(mask, n))
 
 
 def test_valid_sampling_picks_only_real_tokens() -> None:
     mask = torch.zeros(2, 50, dtype=torch.bool)
     mask[0, :10] = True
     mask[1, 20:45] = True
-    index = functional.valid_sample_index(mask, 7)
+    index = fused.valid_sample_index(mask, 7)
     assert bool(mask.gather(1, index).all())
     assert index[0].tolist()[0] == 0 and index[0].tolist()[-1] == 9  # first and last real token
     assert index[1].tolist()[0] == 20 and index[1].tolist()[-1] == 44
@@ -124,7 +124,7 @@ def test_both_output_branches_match_reference(causal, fold_out) -> None:
     mask = torch.ones(2, 9, dtype=torch.bool)
     mask[1, 6:] = False
     w = layer.weights()
-    out, _ = functional.primal_attention(x, w, heads=3, mask=mask, causal=causal, fold_out=fold_out)
+    out, _ = fused.primal_attention(x, w, heads=3, mask=mask, causal=causal, fold_out=fold_out)
     ref = reference.primal_attention(x, w, heads=3, mask=mask, causal=causal).out
     torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-10)
     g1 = torch.autograd.grad(out.square().sum(), [x, layer.we, layer.mix.weight])
@@ -132,7 +132,7 @@ def test_both_output_branches_match_reference(causal, fold_out) -> None:
     for a, b in zip(g1, g2):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
     # the dropout branch with a negligible p is the per-head branch
-    drop, _ = functional.primal_attention(x, w, heads=3, mask=mask, causal=causal, dropout_p=1e-300, training=True)
+    drop, _ = fused.primal_attention(x, w, heads=3, mask=mask, causal=causal, dropout_p=1e-300, training=True)
     torch.testing.assert_close(drop, ref, rtol=1e-10, atol=1e-10)
 
 
@@ -169,9 +169,9 @@ def test_folded_chunked_path_matches_reference_with_ksvd(causal, sampling, chunk
         return (out * weights).sum() + j.square().sum()
 
     w = layer.weights()
-    out, cache = functional.primal_attention(x, w, heads=3, causal=causal, mask=mask, sampling=sampling,
+    out, cache = fused.primal_attention(x, w, heads=3, causal=causal, mask=mask, sampling=sampling,
                                              fold_out=True, chunk_rows=chunk_rows)
-    j = functional.ksvd_objective(cache, layer.lambdas, layer.we, layer.wr, reduction=reduction, form=form)
+    j = fused.ksvd_objective(cache, layer.lambdas, layer.we, layer.wr, reduction=reduction, form=form)
     fast = torch.autograd.grad(loss_of(out, j), [x, *params])
     trace = reference.primal_attention(x, w, heads=3, causal=causal, mask=mask, sampling=sampling)
     j_ref = reference.ksvd_objective(trace, w, reduction=reduction, form=form)
@@ -189,8 +189,8 @@ def test_folded_path_gradcheck() -> None:
     x = torch.randn(2, 7, 6, dtype=torch.float64, requires_grad=True)
 
     def f(x):
-        out, cache = functional.primal_attention(x, layer.weights(), heads=2, mask=mask, fold_out=True, chunk_rows=3)
-        return out, functional.ksvd_objective(cache, layer.lambdas, layer.we, layer.wr)
+        out, cache = fused.primal_attention(x, layer.weights(), heads=2, mask=mask, fold_out=True, chunk_rows=3)
+        return out, fused.ksvd_objective(cache, layer.lambdas, layer.we, layer.wr)
 
     assert torch.autograd.gradcheck(f, (x,))
 
@@ -223,7 +223,7 @@ def test_inference_path_equals_the_training_path_and_keeps_j(causal, mask_kind, 
     with pytest.raises(ValueError, match="inference forward"):
         with torch.no_grad():
             layer(x, mask)
-        functional.ksvd_objective(layer._last, layer.lambdas, layer.we, layer.wr)
+        fused.ksvd_objective(layer._last, layer.lambdas, layer.we, layer.wr)
 
 
 @pytest.mark.parametrize("causal", [False, True])

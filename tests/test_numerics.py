@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import primal_attention as pa
-from primal_attention import functional, reference
+from primal_attention.ops.primal import fused, reference
 
 
 @pytest.fixture
@@ -40,7 +40,7 @@ def test_sample_positions_are_the_authors_integer_linspace() -> None:
     picks = reference.uniform_sample_index(3, 7)
     assert picks.tolist() == [0, 0, 0, 1, 1, 1, 2]
     # the fast path samples with the same function
-    assert functional.uniform_sample_index is reference.uniform_sample_index
+    assert fused.uniform_sample_index is reference.uniform_sample_index
 
 
 def test_fast_path_samples_the_integer_linspace_rows() -> None:
@@ -49,7 +49,7 @@ def test_fast_path_samples_the_integer_linspace_rows() -> None:
     x = torch.randn(2, 106, 8, dtype=torch.float64)  # (106, 96): float32 linspace picks other rows
     ref = reference.primal_attention(x, layer.weights(), heads=2).out
     torch.testing.assert_close(layer(x), ref, rtol=1e-10, atol=1e-10)
-    _, cache = functional.primal_attention(x, layer.weights(), heads=2)
+    _, cache = fused.primal_attention(x, layer.weights(), heads=2)
     rows = x[:, _int_linspace(106, 96)].view(2, 96, 2, 4)
     torch.testing.assert_close(cache.proj[:, 0], torch.einsum("bmhc,hms->bhcs", rows, layer.we))
 
@@ -64,12 +64,12 @@ def test_valid_sampling_with_a_full_mask_equals_no_mask(seq_len, n) -> None:
         layer.impl = impl
         torch.testing.assert_close(layer(x, full), layer(x), rtol=0, atol=1e-12)
     uniform = reference.uniform_sample_index(seq_len, n).expand(3, n)
-    assert torch.equal(functional.valid_sample_index(full, n), uniform)
+    assert torch.equal(fused.valid_sample_index(full, n), uniform)
     assert torch.equal(reference.valid_sample_index(full, n), uniform)
     # ragged: each sample's picks are its real tokens at the integer linspace over its length
     lengths = [seq_len, seq_len // 2 + 1, 1]
     mask = torch.arange(seq_len)[None] < torch.tensor(lengths)[:, None]
-    index = functional.valid_sample_index(mask, n)
+    index = fused.valid_sample_index(mask, n)
     assert torch.equal(index, reference.valid_sample_index(mask, n))
     for b, length in enumerate(lengths):
         assert torch.equal(index[b], reference.uniform_sample_index(length, n))
@@ -131,9 +131,9 @@ def test_causal_prefix_sums_do_not_overflow_under_fp16() -> None:
     real = torch.ones(2, 4000)
     real[1, :9] = 0.0
     for w in (None, real):
-        mean = functional._causal_prefix_mean(qk, w)
+        mean = fused._causal_prefix_mean(qk, w)
         assert mean.dtype == torch.float16 and torch.isfinite(mean).all()
-        exact = functional._causal_prefix_mean(qk.double(), None if w is None else w.double())
+        exact = fused._causal_prefix_mean(qk.double(), None if w is None else w.double())
         torch.testing.assert_close(mean.double(), exact, rtol=2e-3, atol=2e-2)
 
 
@@ -150,7 +150,7 @@ def test_causal_layer_under_fp16_autocast_is_finite(fold_out) -> None:
         with torch.no_grad():
             ref = layer(x, m)
         with torch.autocast("cpu", dtype=torch.float16):
-            out, _ = functional.primal_attention(x, layer.weights(), heads=2, causal=True, mask=m, fold_out=fold_out)
+            out, _ = fused.primal_attention(x, layer.weights(), heads=2, causal=True, mask=m, fold_out=fold_out)
         assert out.dtype == torch.float16 and torch.isfinite(out).all()
         torch.testing.assert_close(out.float(), ref, rtol=0, atol=3e-3)
         (g,) = torch.autograd.grad(out.float().square().sum(), x)

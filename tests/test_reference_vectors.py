@@ -35,7 +35,7 @@ def test_reference_case(reference_case, fused: bool) -> None:
     x = torch.tensor(d["x"], dtype=torch.float32, requires_grad=True)
     mask = torch.tensor(d["mask"]).bool() if "mask" in d else None
     if "sample_index" in d:
-        from primal_attention.reference import uniform_sample_index
+        from primal_attention.ops.primal.reference import uniform_sample_index
 
         assert uniform_sample_index(x.shape[1], layer.num_samples).tolist() == d["sample_index"].tolist()
 

@@ -14,13 +14,14 @@ import sys
 import pytest
 import torch
 
-from primal_attention.kernels import ENV, kernel_choice, triton_available
+from primal_attention import PrimalAttention
+from primal_attention.ops.primal.kernel import ENV, env_override, resolve_kernel, triton_available
 
 CHECK = r"""
 import itertools, os, sys
 import torch
 from primal_attention.layers import PrimalAttention
-from primal_attention.kernels import triton_folded
+from primal_attention.ops.primal import triton_folded
 
 device = sys.argv[1]
 calls = []
@@ -28,9 +29,9 @@ forward = triton_folded.TritonFoldedPrimal.forward
 triton_folded.TritonFoldedPrimal.forward = staticmethod(lambda ctx, *a: calls.append(1) or forward(ctx, *a))
 
 def run(kernel, causal, masked, sampling, grad_ksvd):
-    os.environ["PRIMAL_ATTENTION_KERNEL"] = kernel
     torch.manual_seed(0)
-    layer = PrimalAttention(32, 2, max_seq_len=600, rank=5, rank_multi=3, causal=causal, sampling=sampling).to(device)
+    layer = PrimalAttention(32, 2, max_seq_len=600, rank=5, rank_multi=3, causal=causal, sampling=sampling,
+                            kernel=kernel).to(device)
     x = torch.randn(3, 600, 32, generator=torch.Generator().manual_seed(1)).to(device).requires_grad_(True)
     mask = (torch.arange(600)[None] < torch.tensor([[600], [450], [130]])).to(device) if masked else None
     out = layer(x, mask)
@@ -56,7 +57,7 @@ print(f"ok: 16 configurations, worst relative error {worst:.2e}")
 @pytest.mark.skipif(not triton_available() and not os.environ.get("CI"), reason="triton is not installed (pip install -e .[gpu])")
 def test_triton_folded_path_matches_torch_path() -> None:
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    env = {**os.environ, "PYTHONHASHSEED": "0"}
+    env = {k: v for k, v in os.environ.items() if k != ENV} | {"PYTHONHASHSEED": "0"}
     if device == "cpu":
         env["TRITON_INTERPRET"] = "1"
     proc = subprocess.run([sys.executable, "-c", CHECK, device], capture_output=True, text=True, env=env, timeout=600)
@@ -64,15 +65,30 @@ def test_triton_folded_path_matches_torch_path() -> None:
     assert proc.stdout.startswith("ok:"), proc.stdout
 
 
-def test_kernel_choice(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(ENV, "torch")
-    assert kernel_choice(torch.device("cpu")) == "torch"
-    monkeypatch.setenv(ENV, "auto")
-    assert kernel_choice(torch.device("cpu")) == "torch"  # Triton only on CUDA unless asked for
-    monkeypatch.setenv(ENV, "fast")
+def test_kernel_argument() -> None:
+    cpu = torch.device("cpu")
+    assert resolve_kernel("torch", cpu) == "torch"
+    assert resolve_kernel("auto", cpu) == "torch"  # Triton only on CUDA unless asked for
     with pytest.raises(ValueError, match="must be one of auto, torch, triton"):
-        kernel_choice(torch.device("cpu"))
-    monkeypatch.setenv(ENV, "triton")
-    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    with pytest.raises(RuntimeError, match="TRITON_INTERPRET=1" if triton_available() else "not installed"):
-        kernel_choice(torch.device("cpu"))
+        resolve_kernel("fast", cpu)
+    with pytest.raises(ValueError, match="PrimalAttention: kernel must be one of auto, torch, triton"):
+        PrimalAttention(8, 2, kernel="cuda")
+    if not os.environ.get("TRITON_INTERPRET"):
+        with pytest.raises(RuntimeError, match="TRITON_INTERPRET=1" if triton_available() else "not installed"):
+            resolve_kernel("triton", cpu)
+
+
+def test_environment_override_is_read_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    env_override.cache_clear()
+    try:
+        monkeypatch.setenv(ENV, "torch")
+        assert resolve_kernel("triton", torch.device("cpu")) == "torch"  # the override wins
+        monkeypatch.setenv(ENV, "triton")
+        assert resolve_kernel("auto", torch.device("cpu")) == "torch"  # still the value read first
+        env_override.cache_clear()
+        monkeypatch.setenv(ENV, "fast")
+        with pytest.raises(ValueError, match=f"{ENV} must be one of auto, torch, triton"):
+            resolve_kernel("auto", torch.device("cpu"))
+    finally:
+        monkeypatch.delenv(ENV, raising=False)
+        env_override.cache_clear()

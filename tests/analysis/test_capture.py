@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 import primal_attention as pa
-from primal_attention import reference
+from primal_attention.ops.primal import reference
 from primal_attention.analysis import capture
 from primal_attention.analysis.spectrum import masked_svdvals
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from primal_attention import reference
+from primal_attention.ops.primal import reference
 from primal_attention.bench import authors
 from primal_attention.bench.methods import availability
 from primal_attention.bench.workloads import Case, build

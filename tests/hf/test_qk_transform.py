@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from primal_attention import PrimalAttention, functional
+from primal_attention import PrimalAttention
+from primal_attention.ops.primal import fused
 
 
 def position_transform(start: int, n: int):
@@ -29,7 +30,7 @@ def test_folded_and_per_head_paths_agree_with_a_transform(causal):
     mask[1, 9:] = False
     results = []
     for fold in (True, False):
-        out, _ = functional.primal_attention(x, layer.weights(), heads=2, causal=causal, mask=mask, sampling="valid",
+        out, _ = fused.primal_attention(x, layer.weights(), heads=2, causal=causal, mask=mask, sampling="valid",
                                              fold_out=fold, qk_transform=position_transform(0, 12))
         grads = torch.autograd.grad(out.square().sum(), [x, layer.q_proj.weight, layer.we])
         results.append((out, grads))
@@ -37,7 +38,7 @@ def test_folded_and_per_head_paths_agree_with_a_transform(causal):
     torch.testing.assert_close(a, b)
     for u, v in zip(ga, gb):
         torch.testing.assert_close(u, v)
-    plain, _ = functional.primal_attention(x, layer.weights(), heads=2, causal=causal, mask=mask, sampling="valid")
+    plain, _ = fused.primal_attention(x, layer.weights(), heads=2, causal=causal, mask=mask, sampling="valid")
     assert not torch.allclose(a, plain)
 
 

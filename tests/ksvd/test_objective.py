@@ -7,8 +7,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import primal_attention as pa
-from primal_attention import reference
-from primal_attention.reference import PrimalTrace, PrimalWeights
+from primal_attention.ops.primal import reference
+from primal_attention.ops.primal.reference import PrimalTrace, PrimalWeights
 
 
 def tiny_model(attention=("softmax", "primal", "primal")) -> pa.SequenceClassifier:

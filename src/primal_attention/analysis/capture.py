@@ -8,7 +8,7 @@ layer's own parameters with the layer's own masking semantics:
   A = softmax(q kᵀ / √d_h) with the keys :meth:`SoftmaxAttention.keep_mask` allows, and the cosine
   kernel q̂ k̂ᵀ of the same q, k;
 * primal layers (:class:`~primal_attention.layers.PrimalAttention`): the kernel K = q̂ k̂ᵀ of the
-  feature maps and the scores E, R from :func:`primal_attention.reference.primal_attention` (the
+  feature maps and the scores E, R from :func:`primal_attention.ops.primal.reference.primal_attention` (the
   documented math, not the fast path's cache), with the layer's ``causal`` and ``sampling``.
 
 Every matrix comes per sample and head, (B, H, rows, cols), with the rows and columns of padding
@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from primal_attention import reference
+from primal_attention.ops.primal import reference
 from primal_attention.layers.inputs import LayerInput, record_inputs
 from primal_attention.layers.primal import PrimalAttention
 from primal_attention.layers.softmax import SoftmaxAttention

@@ -28,8 +28,8 @@ What is measured (`primal_attention.bench`):
   dropout 0.1; primal s 20, n 200, η 0.1) as one training step: forward, cross-entropy + η·KSVD loss,
   backward, AdamW step; `layer` — the attention layer alone, forward + backward of mean(out²) (+ η·J²
   for primal); `infer` — the model's forward under `no_grad`. No padding (mask None).
-- **methods**: primal (fast path, `primal_attention.functional`), primal (reference: the readable math of
-  `primal_attention.reference`), softmax via fused SDPA, softmax with the N×N matrix, and the paper's
+- **methods**: primal (fast path, `primal_attention.ops.primal.fused`), primal (reference: the readable math of
+  `primal_attention.ops.primal.reference`), softmax via fused SDPA, softmax with the N×N matrix, and the paper's
   Table 3 baselines: Nyström (64 landmarks), Linformer (k 256), Performer (256 features), Reformer
   (2 hashes), linear attention (elu+1); and, where the run was given an export of the authors'
   repository (`--authors-repo`), the authors' own PrimalFormer (`authors`: their attention and LRA model

@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 from transformers.cache_utils import Cache, CacheLayerMixin, DynamicLayer, EncoderDecoderCache
 
-from primal_attention.layers.primal import PrimalDecodePlan, PrimalState
+from primal_attention.ops.primal.decode import PrimalDecodePlan, PrimalState
 
 
 class PrimalCacheLayer(CacheLayerMixin):

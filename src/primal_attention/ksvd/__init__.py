@@ -8,8 +8,8 @@
 * :mod:`~primal_attention.ksvd.dual`: the exact KSVD solution of a layer's kernel (:func:`layer_ksvd`)
   and a layer's distances to it (:func:`ksvd_distances`), docs/method.md §7.
 
-The objective of one forward is :func:`primal_attention.functional.ksvd_objective` (fast) or
-:func:`primal_attention.reference.ksvd_objective` (reference), docs/method.md §4.
+The objective of one forward is :func:`primal_attention.ops.primal.fused.ksvd_objective` (fast) or
+:func:`primal_attention.ops.primal.reference.ksvd_objective` (reference), docs/method.md §4.
 """
 
 from primal_attention.ksvd.diagnostics import KKTResiduals, ksvd_diagnostics, stationarity_residuals

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, NamedTuple
 import torch
 from torch import Tensor, nn
 
-from primal_attention import reference
+from primal_attention.ops.primal import reference
 from primal_attention.ksvd.terms import ksvd_terms, primal_layers
 from primal_attention.layers.inputs import record_inputs
 from primal_attention.layers.primal import PrimalAttention
@@ -103,7 +103,7 @@ def ksvd_diagnostics(model: nn.Module, batch: Batch, *, per_head: bool = True) -
       ``L#2.J_authors``, ... (the keys below are of its latest call);
     * ``L.lam_mean``, ``L.lam_abs_mean``, ``L.lam_min``, ``L.lam_max``: of Λ = ``layer.lambdas``;
     * ``L.res_we``, ``L.res_wr``: :func:`stationarity_residuals` (float64, the sample's real
-      tokens, through :func:`primal_attention.reference.primal_attention` on the captured layer
+      tokens, through :func:`primal_attention.ops.primal.reference.primal_attention` on the captured layer
       input), mean over samples and heads; ``L.res_we_scaled``, ``L.res_wr_scaled``, ``L.kkt_scale``:
       the same with the best common scale c on Λ, and the mean c;
     * with ``per_head``: ``L.res_we.h{h}``, ``L.res_wr.h{h}`` (mean over samples).

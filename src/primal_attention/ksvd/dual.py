@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from primal_attention import reference
+from primal_attention.ops.primal import reference
 from primal_attention.data.base import Batch
 from primal_attention.ksvd.diagnostics import reference_trace, stationarity_residuals
 from primal_attention.ksvd.loss import primal_layers

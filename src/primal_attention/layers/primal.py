@@ -1,32 +1,36 @@
-"""Primal-Attention: the layer (non-causal and causal families) and its incremental decoding state.
+"""Primal-Attention, the module: parameters, input checks and KSVD term bookkeeping over the op.
 
-The math is :mod:`primal_attention.reference` (docs/method.md §2–§3); the fast path is
-:mod:`primal_attention.functional`. Each forward run with gradients enabled records its KSVD
-terms for :func:`primal_attention.ksvd_loss` (docs/method.md §4).
+The op lives in :mod:`primal_attention.ops.primal`: the math in ``reference`` (docs/method.md
+§2–§3), the fast path in ``fused`` (with the ``folded`` / ``triton_folded`` row loops) and O(1)
+decoding in ``decode``. Each forward sends its KSVD term to the innermost
+:func:`primal_attention.ksvd_terms` scope, or keeps it for :func:`primal_attention.ksvd_loss`
+(docs/method.md §4).
 """
 
 from __future__ import annotations
 
 import weakref
 from collections.abc import Callable
-from typing import Any, NamedTuple, Protocol
+from typing import Any, Literal, Protocol, get_args
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils.module_tracker import ModuleTracker
 
-from primal_attention import functional, reference
 from primal_attention.layers.checks import check_dtype, check_heads, check_input, resolve_mask
 from primal_attention.layers.registry import register_attention
-from primal_attention.reference import PrimalWeights
+from primal_attention.ops.primal import decode, fused, reference
+from primal_attention.ops.primal.decode import PrimalDecodePlan, PrimalState, fused_step
+from primal_attention.ops.primal.kernel import Kernel, check_kernel
+from primal_attention.ops.primal.reference import PrimalWeights
 
-
-IMPLS = ("fast", "reference")
+#: "fast": :mod:`primal_attention.ops.primal.fused`; "reference": the readable math.
+Impl = Literal["fast", "reference"]
+IMPLS: tuple[str, ...] = get_args(Impl)
 
 #: what one forward keeps for its KSVD objective: the fast path's cache or the reference trace.
-KSVDTerm = functional.PrimalCache | reference.PrimalTrace
+KSVDTerm = fused.PrimalCache | reference.PrimalTrace
 
 #: an optional per-token map of the projections ``[q | k]`` (B, N, 2D) -> (B, N, 2D), e.g. a
 #: rotary position embedding (see ``PrimalAttention.forward``).
@@ -66,68 +70,6 @@ def _terms_go_stale_on_load(layer: nn.Module, incompatible_keys: Any) -> None:
 register_optimizer_step_post_hook(_terms_go_stale)
 
 
-class PrimalDecodePlan(NamedTuple):
-    """The fused decoding step of a causal :class:`PrimalAttention` (:meth:`PrimalAttention.decode_plan`).
-
-    qk_t: (D, 2D) ``[W_q; W_k]ᵀ``; qk_bias: (2D,) or None; fold: (2D, D), the map
-    ``[q̂ | k̂] ↦ out_proj(merge(mix([e; r])))`` with the static W_e, W_r folded in; bias: (D,) the mix
-    bias through out_proj plus out_proj's bias, or None; groups: 2H; head_dim: d. Constants: built
-    under no_grad, so a step with it carries no gradient.
-    """
-
-    qk_t: Tensor
-    qk_bias: Tensor | None
-    fold: Tensor
-    bias: Tensor | None
-    groups: int
-    head_dim: int
-
-
-def fused_step(plan: PrimalDecodePlan, x: Tensor, total: Tensor, count: Tensor, *, inplace: bool = False,
-               residual: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
-    """One unpadded decoding step from a plan, in the fewest tensor operations.
-
-    x: (B, D); total: (B, 2D); count: (B, 1) (a view of the state's (B,) count). Returns
-    ``(out (B, D), total', count')``: with ``inplace`` total and count are advanced in place (the
-    preallocated state of a decoding session), else new tensors. ``residual`` (B, D) is added to out
-    (the block's skip connection, one operation fewer). Features are ``total / max(‖total‖, eps·count)``
-    per head, i.e. ``F.normalize`` of the prefix mean without forming it.
-    """
-    qk = torch.mm(x, plan.qk_t) if plan.qk_bias is None else torch.addmm(plan.qk_bias, x, plan.qk_t)
-    if inplace:
-        total = total.add_(qk)
-        count = count.add_(1.0)
-    else:
-        total = total + qk
-        count = count + 1.0
-    batch = x.shape[0]
-    mean = total.div(count).view(batch, plan.groups, plan.head_dim)
-    norm = torch.linalg.vector_norm(mean, dim=-1, keepdim=True).clamp_min_(reference.EPS)
-    features = mean.div_(norm).view(batch, -1)
-    if residual is not None:
-        out = torch.addmm(residual, features, plan.fold)
-        if plan.bias is not None:
-            out.add_(plan.bias)
-    elif plan.bias is not None:
-        out = torch.addmm(plan.bias, features, plan.fold)
-    else:
-        out = torch.mm(features, plan.fold)
-    return out, total, count
-
-
-class PrimalState(NamedTuple):
-    """Incremental state of a causal :class:`PrimalAttention`.
-
-    total: (B, 2D) sum of [q | k] over the real tokens so far; count: (B,) their number. Both in
-    float32, or the parameters' dtype if wider (also under autocast). :meth:`PrimalAttention.step`
-    checks that a state is this layer's: a TypeError for anything but a PrimalState, a ValueError
-    for another batch size, width, dtype or device.
-    """
-
-    total: Tensor
-    count: Tensor
-
-
 @register_attention("primal")
 class PrimalAttention(nn.Module):
     r"""Primal-Attention (Chen et al., NeurIPS 2023): attention as the primal of asymmetric KSVD.
@@ -153,8 +95,12 @@ class PrimalAttention(nn.Module):
             "valid" (positions over each sample's real tokens, padding kept out of the KSVD terms).
             Causal layers have no sampling; there the option only decides the KSVD means.
         positive_lambda: parametrise Λ = exp(log_lam) (> 0) instead of the authors' free ``lam``.
-        impl: "fast" (default, :mod:`primal_attention.functional`) or "reference" (the readable
-            math of :mod:`primal_attention.reference`, for checks and timing; no dropout).
+        impl: "fast" (default, :mod:`primal_attention.ops.primal.fused`) or "reference" (the
+            readable math of :mod:`primal_attention.ops.primal.reference`, for checks and timing;
+            no dropout).
+        kernel: the fast path's row loop for long sequences: "auto" (default: Triton on CUDA when
+            installed), "torch" or "triton" (:mod:`primal_attention.ops.primal.kernel`; the
+            environment variable ``PRIMAL_ATTENTION_KERNEL`` overrides it).
         check_finite: raise on NaN / Inf input (a device sync per call; off by default).
 
     Dtypes: x must have the parameters' dtype, except under autocast (``torch.is_autocast_enabled``
@@ -202,15 +148,17 @@ class PrimalAttention(nn.Module):
         causal: bool = False,
         bias: bool = True,
         dropout: float = 0.0,
-        sampling: str = "uniform",
+        sampling: Literal["uniform", "valid"] = "uniform",
         positive_lambda: bool = False,
-        impl: str = "fast",
+        impl: Impl = "fast",
+        kernel: Kernel = "auto",
         check_finite: bool = False,
     ) -> None:
         super().__init__()
         check_heads(embed_dim, num_heads, "PrimalAttention")
         if impl not in IMPLS:
             raise ValueError(f"PrimalAttention: impl must be one of {IMPLS}, got {impl!r}")
+        check_kernel(kernel, "PrimalAttention: kernel")
         if not isinstance(rank, int) or rank <= 0:
             raise ValueError(f"PrimalAttention: rank must be a positive int, got {rank!r}")
         if not isinstance(rank_multi, int) or rank_multi <= 0:
@@ -233,6 +181,7 @@ class PrimalAttention(nn.Module):
         self.dropout = dropout
         self.positive_lambda = positive_lambda
         self.impl = impl
+        self.kernel = kernel
         self.check_finite = check_finite
         if causal:
             self.num_samples = None
@@ -307,7 +256,7 @@ class PrimalAttention(nn.Module):
         return self.log_lam.exp() if self.positive_lambda else self.lam
 
     def weights(self) -> PrimalWeights:
-        """The parameters as the math names them (see :class:`primal_attention.reference.PrimalWeights`)."""
+        """The parameters as the math names them (see :class:`primal_attention.ops.primal.reference.PrimalWeights`)."""
         return PrimalWeights(
             self.q_proj.weight,
             self.q_proj.bias,
@@ -341,7 +290,7 @@ class PrimalAttention(nn.Module):
         check_input(x, mask, self.embed_dim, check_finite=self.check_finite, name="PrimalAttention",
                     dtype=self.q_proj.weight.dtype)
         if self.impl == "fast":
-            out, cache = functional.primal_attention(
+            out, cache = fused.primal_attention(
                 x,
                 self.weights(),
                 heads=self.num_heads,
@@ -351,6 +300,7 @@ class PrimalAttention(nn.Module):
                 dropout_p=self.dropout,
                 training=self.training,
                 qk_transform=qk_transform,
+                kernel=self.kernel,
             )
             self._record(cache)
             return out
@@ -402,11 +352,11 @@ class PrimalAttention(nn.Module):
             return reference.ksvd_objective(term, self.weights(), reduction=reduction, form=form)
         if term.inputs is not None:
             # An inference forward kept only its input: recompute the features once (current weights).
-            full = functional.materialize_features(term, self.weights())
+            full = fused.materialize_features(term, self.weights())
             if term is self._last:
                 self._last = full
             term = full
-        return functional.ksvd_objective(term, self.lambdas, self.we, self.wr, reduction=reduction, form=form)
+        return fused.ksvd_objective(term, self.lambdas, self.we, self.wr, reduction=reduction, form=form)
 
     def ksvd_objective(self, reduction: str = "batch", form: str = "authors") -> Tensor:
         """Signed KSVD objective J of the last forward (differentiable).
@@ -464,9 +414,7 @@ class PrimalAttention(nn.Module):
         if mask_t is not None and (mask_t.dtype != torch.bool or mask_t.shape != (batch,)):
             raise ValueError(f"PrimalAttention.step: expected mask_t of shape ({batch},) bool, got {tuple(mask_t.shape)} {mask_t.dtype}")
         check_dtype(x_t, self.q_proj.weight.dtype, "PrimalAttention.step", "x_t")
-        # The running sums stay in float32 (or the parameters' dtype if wider), also under autocast
-        # and for a bf16 / fp16 layer: in bf16 the count stops at 256.
-        acc = torch.promote_types(self.q_proj.weight.dtype, torch.float32)
+        acc = decode.accumulator_dtype(self.q_proj.weight.dtype)
         if state is None:
             state = PrimalState(torch.zeros(batch, 2 * self.embed_dim, dtype=acc, device=x_t.device),
                                 torch.zeros(batch, dtype=acc, device=x_t.device))
@@ -474,40 +422,16 @@ class PrimalAttention(nn.Module):
         if plan is not None and mask_t is None and qk_transform is None and self.fused_step_ok(x_t):
             out, total, count = fused_step(plan, x_t, state.total, state.count[:, None])
             return (out[:, None] if token_axis else out), PrimalState(total, count[:, 0])
-        w = self.weights()
-        qk_weight = torch.cat([w.q_weight, w.k_weight], dim=0)
-        qk_bias = None if w.q_bias is None else torch.cat([w.q_bias, w.k_bias], dim=0)
-        qk = F.linear(x_t, qk_weight, qk_bias)  # (B, 2D), in the autocast dtype under autocast
-        if qk_transform is not None:
-            qk = qk_transform(qk[:, None])[:, 0]
-        real = torch.ones(batch, dtype=acc, device=qk.device) if mask_t is None else mask_t.to(acc)
-        total = state.total + qk.to(acc) * real[:, None]
-        count = state.count + real
-        mean = (total / count.clamp_min(1.0)[:, None]).view(batch, 1, 2 * self.num_heads, self.head_dim)
-        features = F.normalize(mean, p=2.0, dim=-1, eps=reference.EPS).view(batch, 1, 2 * self.embed_dim)
-        # The rest in the dtype of the forward's features (x's compute dtype), as in the full forward.
-        features, real_c = features.to(qk.dtype), real.to(qk.dtype)
-        proj = torch.stack([w.we, w.wr])[None]
-        out = functional.mix_and_project(features, proj, w, heads=self.num_heads, real=real_c[:, None])
-        out = out if token_axis else out[:, 0]
-        return out, PrimalState(total, count)
+        out, state = decode.step(self.weights(), self.num_heads, x_t, state, mask_t, qk_transform)
+        return (out if token_axis else out[:, 0]), state
 
     def decode_plan(self) -> PrimalDecodePlan:
-        """The constants of the fused decoding step (:func:`fused_step`) from the current parameters,
-        for one decoding loop (a copy: parameters changed later are not seen). Causal layers only."""
+        """The constants of the fused decoding step (:func:`~primal_attention.ops.primal.decode.fused_step`)
+        from the current parameters, for one decoding loop (a copy: parameters changed later are not
+        seen). Causal layers only."""
         if not self.causal:
             raise RuntimeError("PrimalAttention.decode_plan: only causal layers decode incrementally")
-        with torch.no_grad():
-            w = self.weights()
-            qk_t = torch.cat([w.q_weight, w.k_weight], dim=0).t().contiguous()
-            qk_bias = None if w.q_bias is None else torch.cat([w.q_bias, w.k_bias], dim=0)
-            fold = functional._fold_matrix(torch.stack([w.we, w.wr])[None], w, self.num_heads)[0].contiguous()
-            bias = w.out_bias
-            if w.mix_bias is not None:
-                d = self.head_dim
-                cb = torch.einsum("e,ohe->o", w.mix_bias, w.out_weight.view(self.embed_dim, self.num_heads, d))
-                bias = cb if bias is None else cb + bias
-            return PrimalDecodePlan(qk_t, qk_bias, fold, bias, 2 * self.num_heads, self.head_dim)
+        return decode.build_plan(self.weights(), self.num_heads)
 
     def fused_step_ok(self, x: Tensor) -> bool:
         """Whether :meth:`step` may take the fused path for x: no gradients wanted, no autocast, a
@@ -544,18 +468,7 @@ class PrimalAttention(nn.Module):
         """
         if not self.causal:
             raise RuntimeError("PrimalAttention.prefill_state: only causal layers decode incrementally")
-        w = self.weights()
-        acc = torch.promote_types(w.q_weight.dtype, torch.float32)
-        qk_weight = torch.cat([w.q_weight, w.k_weight], dim=0)
-        qk_bias = None if w.q_bias is None else torch.cat([w.q_bias, w.k_bias], dim=0)
-        qk = F.linear(x, qk_weight, qk_bias)
-        if qk_transform is not None:
-            qk = qk_transform(qk)
-        if mask is None:
-            total = qk.to(acc).sum(dim=1)
-            return PrimalState(total, torch.full((x.shape[0],), float(x.shape[1]), dtype=acc, device=x.device))
-        real = mask.to(acc)
-        return PrimalState((qk.to(acc) * real[:, :, None]).sum(dim=1), real.sum(dim=1))
+        return decode.prefill(self.weights(), x, mask, qk_transform)
 
     def extra_repr(self) -> str:
         n = f", num_samples={self.num_samples}" if not self.causal else ""

@@ -15,7 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from primal_attention.layers.primal import PrimalAttention, PrimalState, fused_step
+from primal_attention.layers.primal import PrimalAttention
+from primal_attention.ops.primal.decode import PrimalState, fused_step
 from primal_attention.layers.registry import build_attention
 from primal_attention.layers.softmax import KVCache, SoftmaxAttention, fused_out, fused_qkv
 from primal_attention.models.dropout import Dropout

@@ -1,7 +1,7 @@
 """The reference math of Primal-Attention, written straight from docs/method.md §2–§4.
 
 Slow, readable, float64-friendly. Nothing here is optimised: every score is materialised, every
-einsum names its axes. The fast path in :mod:`primal_attention.functional` is held to this module by
+einsum names its axes. The fast path in :mod:`primal_attention.ops.primal.fused` is held to this module by
 the tests (outputs and gradients) on random shapes, masks and dtypes.
 
 Notation: B batch, N tokens, D width, H heads, d = D / H, s rank, n sampled tokens.
@@ -16,6 +16,13 @@ import torch.nn.functional as F
 from torch import Tensor
 
 EPS = 1e-12  # as F.normalize
+
+
+def norm_eps(dtype: torch.dtype) -> float:
+    """F.normalize's eps, raised to the smallest normal number of dtype: in float16 ``1e-12`` is 0,
+    so an all-zero row (the prefix mean of leading padding) would give 0/0 = NaN. Equal to
+    :data:`EPS` in float32, float64 and bfloat16."""
+    return max(EPS, torch.finfo(dtype).tiny)
 
 
 class PrimalWeights(NamedTuple):
@@ -37,6 +44,11 @@ class PrimalWeights(NamedTuple):
     mix_bias: Tensor | None
     out_weight: Tensor
     out_bias: Tensor | None
+
+    def qk(self) -> tuple[Tensor, Tensor | None]:
+        """The q and k projections as one: ``[W_q; W_k]`` (2D, D) and ``[b_q; b_k]`` (2D,) or None."""
+        weight = torch.cat([self.q_weight, self.k_weight], dim=0)
+        return weight, None if self.q_bias is None else torch.cat([self.q_bias, self.k_bias], dim=0)
 
 
 class PrimalTrace(NamedTuple):

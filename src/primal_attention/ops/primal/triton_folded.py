@@ -1,6 +1,6 @@
 """Triton kernels of the folded primal path: one pass over the rows forward, one backward.
 
-Same contract as :class:`primal_attention.functional._FoldedPrimal` (see its docstring for the
+Same contract as :class:`primal_attention.ops.primal.folded.FoldedPrimal` (see its docstring for the
 math). Per program (one sample b, a block of BLOCK_N rows):
 
 forward:  f = qk / max(‖qk‖_group, eps);  gram[b] += (w ⊙ f)ᵀ f (block-diagonal part);
@@ -150,7 +150,7 @@ def _sizes(width: int, groups: int, out_dim: int) -> dict[str, int]:
 
 
 class TritonFoldedPrimal(torch.autograd.Function):
-    """:class:`primal_attention.functional._FoldedPrimal` with the row loop in Triton kernels.
+    """:class:`primal_attention.ops.primal.folded.FoldedPrimal` with the row loop in Triton kernels.
 
     Same arguments (``chunk_rows`` is accepted and ignored: a program's block is :data:`BLOCK_N`
     rows) and outputs: ``(out (B, N, D_out), gram (B, G, d, d))`` when ``need_gram``, else
