@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from primal_attention import PrimalAttention
-from primal_attention.ops.primal.kernel import ENV, env_override, resolve_kernel, triton_available
+from primal_attention.ops.primal.kernel import ENV, reset_env_override, resolve_kernel, triton_available
 
 CHECK = r"""
 import itertools, os, sys
@@ -79,16 +79,16 @@ def test_kernel_argument() -> None:
 
 
 def test_environment_override_is_read_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    env_override.cache_clear()
+    reset_env_override()
     try:
         monkeypatch.setenv(ENV, "torch")
         assert resolve_kernel("triton", torch.device("cpu")) == "torch"  # the override wins
         monkeypatch.setenv(ENV, "triton")
         assert resolve_kernel("auto", torch.device("cpu")) == "torch"  # still the value read first
-        env_override.cache_clear()
+        reset_env_override()
         monkeypatch.setenv(ENV, "fast")
         with pytest.raises(ValueError, match=f"{ENV} must be one of auto, torch, triton"):
             resolve_kernel("auto", torch.device("cpu"))
     finally:
         monkeypatch.delenv(ENV, raising=False)
-        env_override.cache_clear()
+        reset_env_override()

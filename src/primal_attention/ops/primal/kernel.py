@@ -32,15 +32,24 @@ def triton_available() -> bool:
     return importlib.util.find_spec("triton") is not None
 
 
-@functools.cache
+#: the override as first read (a plain dict, not a functools cache: torch.compile traces through it).
+_OVERRIDE: dict[str, str | None] = {}
+
+
 def env_override() -> str | None:
-    """The value of ``PRIMAL_ATTENTION_KERNEL`` (read once; None when unset or empty)."""
-    value = os.environ.get(ENV, "").strip().lower()
-    if not value:
-        return None
-    if value not in CHOICES:
-        raise ValueError(f"{ENV} must be one of {', '.join(CHOICES)}, got {value!r}")
-    return value
+    """The value of ``PRIMAL_ATTENTION_KERNEL``, None when unset or empty: read at the first call,
+    the same value afterwards (:func:`reset_env_override` reads it again)."""
+    if "value" not in _OVERRIDE:
+        value = os.environ.get(ENV, "").strip().lower() or None
+        if value is not None and value not in CHOICES:
+            raise ValueError(f"{ENV} must be one of {', '.join(CHOICES)}, got {value!r}")
+        _OVERRIDE["value"] = value
+    return _OVERRIDE["value"]
+
+
+def reset_env_override() -> None:
+    """Forget the value read, so the next choice reads ``PRIMAL_ATTENTION_KERNEL`` again (tests)."""
+    _OVERRIDE.clear()
 
 
 def check_kernel(kernel: str, name: str = "kernel") -> None:
@@ -53,8 +62,9 @@ def resolve_kernel(kernel: Kernel, device: torch.device) -> Literal["torch", "tr
     """The implementation of the folded path for tensors on ``device``: the environment override if
     set, else ``kernel``; ``"auto"`` resolved as the module docstring says."""
     check_kernel(kernel)
-    choice = env_override() or kernel
-    source = f"{ENV}=triton" if env_override() == "triton" else "kernel='triton'"
+    override = env_override()
+    choice = override or kernel
+    source = f"{ENV}=triton" if override == "triton" else "kernel='triton'"
     if choice == "triton":
         if not triton_available():
             raise RuntimeError(f"{source}, but the triton package is not installed (pip install triton)")
