@@ -26,7 +26,7 @@ passes over memory (docs/method.md §4, efficiency note):
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
