@@ -163,3 +163,57 @@ def test_load_state_dict_makes_held_terms_stale() -> None:
     model.load_state_dict({k: v * 1.5 for k, v in model.state_dict().items()})
     with pytest.raises(RuntimeError, match="no primal forward"):
         pa.ksvd_loss(model)
+
+
+def test_hand_written_updates_leave_at_most_one_step_of_terms() -> None:
+    """No optimiser hook sees `p -= lr * grad`: the backward through a forward makes its term stale."""
+    torch.manual_seed(0)
+    layer = pa.PrimalAttention(8, 2, rank=3, num_samples=5)
+    x = torch.randn(2, 7, 8)
+    for _ in range(4):
+        layer(x).square().mean().backward()
+        with torch.no_grad():
+            for p in layer.parameters():
+                if p.grad is not None:  # Λ enters only the KSVD term
+                    p.sub_(0.1 * p.grad)
+        layer.zero_grad()
+    layer(x)
+    assert len(layer._terms) == 1
+    j = layer.ksvd_objective()
+    torch.testing.assert_close(pa.ksvd_loss(layer), j**2)  # the fresh forward only, on the new weights
+    layer(x).sum().backward()
+    with pytest.raises(RuntimeError, match="call ksvd_loss before backward"):
+        pa.ksvd_loss(layer)
+
+
+def test_copies_and_pickles_carry_no_terms_and_no_scope() -> None:
+    import copy
+    import io
+
+    model = pa.TransformerStack(["primal"], 8, 2, 16, attention_options={"primal": {"rank": 3, "num_samples": 5}})
+    x = torch.randn(2, 7, 8)
+    with pa.ksvd_terms(model) as terms:
+        model(x)
+        snapshot = copy.deepcopy(model)  # e.g. an EMA or best-weights copy inside a training step
+        buffer = io.BytesIO()
+        torch.save(model, buffer)
+    assert len(terms) == 1
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=False)
+    for copy_ in (snapshot, loaded):
+        assert nothing_kept(copy_)
+        copy_(x)
+        assert pa.ksvd_loss(copy_).requires_grad  # its own forwards, on its own layers
+    model(x)
+    copy.deepcopy(model)  # held terms (non-leaf tensors) do not block a deep copy either
+
+
+def test_a_compiled_forwards_term_is_kept_beside_eager_ones() -> None:
+    torch.manual_seed(0)
+    layer = pa.PrimalAttention(8, 2, rank=3, num_samples=5)
+    x = torch.randn(2, 7, 8)
+    compiled = torch.compile(layer, backend="eager")
+    compiled(x)
+    layer(x)
+    assert len(layer._terms) == 2
+    assert len(layer.pop_ksvd_terms()) == 2

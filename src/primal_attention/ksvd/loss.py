@@ -34,7 +34,10 @@ def ksvd_loss(model: nn.Module, reduction: str = "batch", form: str = "authors")
     Raises:
         RuntimeError: the model has primal layers but none ran with gradients since the previous
             call (a forward under ``no_grad``, reentrant activation checkpointing, or forwards inside
-            a ``ksvd_terms`` scope, whose terms are the scope's).
+            a ``ksvd_terms`` scope, whose terms are the scope's), or every recorded term is stale: a
+            term is dropped once an optimiser's ``step()`` updated the layer, ``load_state_dict``
+            loaded it, or a backward pass ran through its forward (its graph is spent and the weights
+            may have been changed by hand), so call ``ksvd_loss`` before ``backward``.
     """
     layers = primal_layers(model)
     if not layers:
@@ -43,5 +46,6 @@ def ksvd_loss(model: nn.Module, reduction: str = "batch", form: str = "authors")
     if not pairs:
         scoped = " (this model's layers are inside a ksvd_terms scope: use terms.loss())" \
             if any(layer._sinks for _, layer in layers) else ""
-        raise RuntimeError(f"ksvd_loss: {NO_TERMS}{scoped}")
+        raise RuntimeError(f"ksvd_loss: {NO_TERMS}{scoped}; terms are dropped once an optimiser step or a backward "
+                           "pass has run through their forward, so call ksvd_loss before backward")
     return mean_square(pairs, reduction, form)

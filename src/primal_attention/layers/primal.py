@@ -9,6 +9,8 @@ decoding in ``decode``. Each forward sends its KSVD term to the innermost
 
 from __future__ import annotations
 
+import inspect
+import warnings
 import weakref
 from collections.abc import Callable
 from typing import Any, Literal, Protocol, get_args
@@ -47,8 +49,26 @@ class TermSink(Protocol):
 #: need not be entered): the forward that activation checkpointing recomputes inside backward
 #: records nothing.
 _BACKWARD = ModuleTracker()
+if not isinstance(inspect.getattr_static(ModuleTracker, "is_bw", None), property):  # pragma: no cover
+    warnings.warn("primal_attention: this torch's ModuleTracker.is_bw is not the property that reads the autograd "
+                  "engine, so the forward that activation checkpointing recomputes during backward would record its "
+                  "KSVD term again; upgrade torch (>= 2.4) or call ksvd_loss before backward", RuntimeWarning, stacklevel=2)
 #: the layers that hold recorded terms outside a scope (for the optimiser-step hook below).
 _HOLDING: weakref.WeakSet[PrimalAttention] = weakref.WeakSet()
+
+
+class _Held:
+    """A term kept on the layer outside a scope: the generation of the weights it was computed
+    from (None: recorded inside torch.compile) and whether a backward pass has run through its
+    forward (then its graph is spent and the weights may have been updated by any means)."""
+
+    __slots__ = ("term", "generation", "backward_done")
+
+    def __init__(self, term: KSVDTerm, generation: int | None) -> None:
+        self.term, self.generation, self.backward_done = term, generation, False
+
+    def mark_backward(self, grad: Tensor) -> None:
+        self.backward_done = True
 
 
 def _terms_go_stale(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
@@ -124,13 +144,17 @@ class PrimalAttention(nn.Module):
     Causal padding: padded tokens are left out of the prefix means (so left padding is safe) and
     of the incremental state of :meth:`step`.
 
-    KSVD terms: every forward run with gradients enabled records what its objective J needs;
+    KSVD terms: inside a :func:`primal_attention.ksvd_terms` scope every forward sends what its
+    objective J needs to the scope and the layer keeps nothing (``terms.loss()``). Outside a scope
+    (the convenience path) the layer keeps them: every forward run with gradients is recorded and
     :func:`primal_attention.ksvd_loss` consumes every recorded forward since its previous call, so
-    a layer called twice (two towers, shared weights) counts twice. Forwards without gradients
-    (``no_grad``, ``inference_mode``) and the recomputation that activation checkpointing runs
-    during backward record nothing; :meth:`ksvd_objective` always refers to the latest forward.
-    A recorded term is dropped once the layer's parameters change (an optimiser step), so a loop
-    that never calls ``ksvd_loss`` does not accumulate them.
+    a layer called twice (two towers, shared weights) counts twice; :meth:`ksvd_objective` refers to
+    the latest forward. Forwards without gradients (``no_grad``, ``inference_mode``) and the
+    recomputation that activation checkpointing runs during backward record nothing. Held terms go
+    stale once an optimiser's ``step()`` updates one of the layer's parameters, ``load_state_dict``
+    loads the layer (a public optimiser hook and a load hook) or a backward pass runs through their
+    forward (a hook on the output), so a loop that never calls ``ksvd_loss`` does not accumulate
+    them. Copies and pickles of the layer carry no terms.
 
     Parameter names (``q_proj``, ``k_proj``, ``we``, ``wr``, ``lam``, ``mix``, ``out_proj``) follow
     docs/method.md so weights from other implementations load with ``load_state_dict``.
@@ -205,7 +229,7 @@ class PrimalAttention(nn.Module):
         # generation of the weights they were computed from (None: recorded inside torch.compile).
         self._generation = 0
         self._last: KSVDTerm | None = None
-        self._terms: list[tuple[KSVDTerm, int | None]] = []
+        self._terms: list[_Held] = []
         self._sinks: list[TermSink] = []  # the ksvd_terms scopes this layer is in, innermost last
         self.register_load_state_dict_post_hook(_terms_go_stale_on_load)
         self.reset_parameters()
@@ -302,7 +326,7 @@ class PrimalAttention(nn.Module):
                 qk_transform=qk_transform,
                 kernel=self.kernel,
             )
-            self._record(cache)
+            self._record(cache, out)
             return out
         if qk_transform is not None:
             raise ValueError("PrimalAttention: qk_transform needs impl='fast'; the reference path has none")
@@ -311,10 +335,10 @@ class PrimalAttention(nn.Module):
         trace = reference.primal_attention(
             x, self.weights(), heads=self.num_heads, causal=self.causal, mask=mask, sampling=self.sampling
         )
-        self._record(trace)
+        self._record(trace, trace.out)
         return trace.out
 
-    def _record(self, term: KSVDTerm) -> None:
+    def _record(self, term: KSVDTerm, out: Tensor) -> None:
         """Send a forward's KSVD term to the innermost ksvd_terms scope, or keep it on the layer."""
         compiling = torch.compiler.is_compiling()
         if not compiling and _BACKWARD.is_bw:
@@ -328,21 +352,36 @@ class PrimalAttention(nn.Module):
         if not grad:
             return
         if compiling:
-            # Inside a compiled graph the weakref set cannot be touched: the term is kept without a
-            # generation (see pop_ksvd_terms), so a compiled loop should call ksvd_loss every step
-            # (or use a ksvd_terms scope, which keeps nothing on the layer).
-            self._terms.append((term, None))
+            # Inside a compiled graph neither the weakref set nor tensor hooks are touched: the term
+            # is kept without a generation (see pop_ksvd_terms), so a compiled loop should call
+            # ksvd_loss every step (or use a ksvd_terms scope, which keeps nothing on the layer).
+            self._terms.append(_Held(term, None))
             return
-        self._terms = [t for t in self._terms if t[1] == self._generation]
-        self._terms.append((term, self._generation))
+        held = _Held(term, self._generation)
+        self._terms = [t for t in self._terms if self._fresh(t)]
+        self._terms.append(held)
+        if out.requires_grad:
+            out.register_hook(held.mark_backward)  # a backward through this forward makes it stale
         _HOLDING.add(self)
+
+    def _fresh(self, held: _Held) -> bool:
+        """Whether a held term still belongs to the current weights: recorded inside torch.compile, or
+        with the current generation and no backward through its forward since."""
+        return held.generation is None or (held.generation == self._generation and not held.backward_done)
 
     def pop_ksvd_terms(self) -> list[KSVDTerm]:
         """The terms recorded since the previous call (with the current parameters), and forget them."""
-        terms = [t for t, g in self._terms if g in (self._generation, None)]
+        terms = [t.term for t in self._terms if self._fresh(t)]
         self._terms = []
         _HOLDING.discard(self)
         return terms
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Copies and pickles carry no KSVD terms and no scope (``copy.deepcopy`` inside a scope, an
+        EMA snapshot after a forward): those belong to this layer's forwards."""
+        state = dict(super().__getstate__())
+        state.update(_last=None, _terms=[], _sinks=[])
+        return state
 
     def term_objective(self, term: KSVDTerm, reduction: str = "batch", form: str = "authors") -> Tensor:
         """Signed J of one recorded forward; see :meth:`ksvd_objective`."""
@@ -427,8 +466,8 @@ class PrimalAttention(nn.Module):
 
     def decode_plan(self) -> PrimalDecodePlan:
         """The constants of the fused decoding step (:func:`~primal_attention.ops.primal.decode.fused_step`)
-        from the current parameters, for one decoding loop (a copy: parameters changed later are not
-        seen). Causal layers only."""
+        from the current parameters (rearranged copies), for one decoding loop whose weights do not change.
+        Causal layers only."""
         if not self.causal:
             raise RuntimeError("PrimalAttention.decode_plan: only causal layers decode incrementally")
         return decode.build_plan(self.weights(), self.num_heads)

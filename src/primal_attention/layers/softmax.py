@@ -141,8 +141,8 @@ class SoftmaxAttention(nn.Module):
         return self.out_proj(y)
 
     def decode_plan(self) -> SoftmaxDecodePlan:
-        """The constants of the fused decoding step from the current parameters, for one decoding loop
-        (a copy: parameters changed later are not seen). Causal only."""
+        """The constants of the fused decoding step, for one decoding loop whose weights do not change
+        (rearranged copies of the projections; the output bias is a view). Causal only."""
         if not self.causal:
             raise RuntimeError(f"{type(self).__name__}: only causal layers decode incrementally")
         with torch.no_grad():

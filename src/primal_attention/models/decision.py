@@ -52,10 +52,14 @@ class DecisionTransformerConfig(StackConfig):
 
 
 class DTState(NamedTuple):
-    """Decoding state: tokens pushed so far and one state per block."""
+    """Decoding state: tokens pushed so far, one state per block, and the stack's fused decoding
+    plan (:meth:`TransformerStack.decode_plan`, built at the first push without gradients and carried
+    along; None until then or where a block has no fused step). The plan belongs to the weights the
+    rollout started with: after changing them, start a new state."""
 
     tokens: int
     layers: list[Any]
+    plan: list[Any] | None = None
 
 
 class DecisionTransformer(nn.Module):
@@ -128,5 +132,8 @@ class DecisionTransformer(nn.Module):
             raise ValueError(f"DecisionTransformer.push: token {n} must be a {_KINDS[n % 3]} token, got {kind!r}")
         if n >= 3 * self.config.context:
             raise ValueError(f"DecisionTransformer.push: the context of {self.config.context} steps is full")
-        h, layers = self.decoder.step(self.embed(kind, value, timestep), None if state is None else state.layers)
-        return self.predict_action(h), DTState(n + 1, layers)
+        plan = None if state is None else state.plan
+        if plan is None and not torch.is_grad_enabled():
+            plan = self.decoder.decode_plan()
+        h, layers = self.decoder.step(self.embed(kind, value, timestep), None if state is None else state.layers, plans=plan)
+        return self.predict_action(h), DTState(n + 1, layers, plan)

@@ -162,9 +162,9 @@ class CausalLM(nn.Module):
         return h @ plan.head_t, LMState(position + 1, layers, plan)
 
     def decode_plan(self) -> LMDecodePlan:
-        """The decoding constants from the current parameters (for one decoding loop: parameters
-        changed later are not seen): the stack's fused plan and a (D, V) contiguous copy of the tied
-        head (a one-row matmul reads it faster than ``embed.weight.T``); no gradient."""
+        """The decoding constants for one decoding loop whose weights do not change: the stack's fused
+        plan (:meth:`TransformerStack.decode_plan`) and a (D, V) contiguous copy of the tied head (a
+        one-row matmul reads it faster than ``embed.weight.T``); no gradient."""
         with torch.no_grad():
             return LMDecodePlan(self.decoder.decode_plan(), self.embed.weight.detach().t().contiguous())
 

@@ -221,9 +221,11 @@ class TransformerStack(nn.Module):
         return self.norm(x)
 
     def decode_plan(self) -> list[BlockPlan] | None:
-        """The fused decoding plan of every block from the current parameters (copies and views for
-        one decoding loop: parameters changed later are not seen), or None where a block cannot take
-        it (an attention other than causal primal / softmax, or training mode)."""
+        """The fused decoding plan of every block, or None where a block cannot take it (an attention
+        other than causal primal / softmax, or training mode). For one decoding loop whose weights do
+        not change: it holds rearranged copies of the matmul weights and views of the LayerNorm
+        parameters and biases, so a parameter changed in place afterwards is seen in part (build a
+        new plan instead)."""
         plans: list[BlockPlan] | None = []
         for block in self.blocks:
             attn = block.attn
@@ -318,12 +320,13 @@ class TransformerStack(nn.Module):
         states = [None] * len(self.blocks) if states is None else states
         if len(states) != len(self.blocks):
             raise ValueError(f"TransformerStack.step: expected {len(self.blocks)} block states, got {len(states)}")
+        if plans is not None and len(plans) != len(self.blocks):
+            raise ValueError(f"TransformerStack.step: expected a plan per block ({len(self.blocks)}), got {len(plans)}")
         if plans is not None and self._fused_ok(x_t) and not any(b.training for b in self.blocks):
-            if len(plans) == len(self.blocks):
-                done = self._fused_step(plans, x_t, states)
-                if done is not None:
-                    x_t, new = done
-                    return self.norm(x_t), new
+            done = self._fused_step(plans, x_t, states)
+            if done is not None:
+                x_t, new = done
+                return self.norm(x_t), new
         new = []
         for block, state in zip(self.blocks, states):
             x_t, state = block.step(x_t, state)

@@ -92,7 +92,8 @@ def accumulator_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 def build_plan(weights: PrimalWeights, heads: int) -> PrimalDecodePlan:
-    """The constants of :func:`fused_step` from the current weights (copies: later changes are not seen)."""
+    """The constants of :func:`fused_step` from the current weights (rearranged copies, except the
+    output bias without a mix bias, which is the parameter itself), for one decoding loop."""
     with torch.no_grad():
         dim = weights.out_weight.shape[0]
         d = dim // heads
