@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from primal_attention.train.comparison import clears_baseline
 from primal_attention.train.experiments import run_stored
 from primal_attention.train.stats import value_cell
 
@@ -68,6 +69,17 @@ class Task:
     overrides: list[str] = field(default_factory=list)
     #: metrics of the 1 500-step from-scratch runs of another page, per layers choice (optional)
     published: dict[str, str] = field(default_factory=dict)
+    #: the trivial baselines of the original's config on the same splits (docs/results/baselines, cached
+    #: by `primal baselines` / scripts/sweep_comparisons.py), shown beside the original
+    baselines: str = ""
+
+    def trivial(self) -> dict[str, dict]:
+        """name -> {what, test values} of the cached trivial baselines ({} when none are cached)."""
+        path = ROOT / self.baselines if self.baselines else None
+        if path is None or not path.is_file():
+            return {}
+        return {name: {"what": b["what"], "test": b[f"test_{self.metric}"], "ppl": b.get("test_ppl")}
+                for name, b in json.loads(path.read_text())["baselines"].items() if b.get(f"test_{self.metric}")}
 
 
 def tasks(args: argparse.Namespace) -> dict[str, Task]:
@@ -80,10 +92,12 @@ def tasks(args: argparse.Namespace) -> dict[str, Task]:
                    "bpb", False, args.transfer_steps, args.finetune_steps, args.eval_every, lm_sets,
                    published={"last": "docs/results/lm_runs/corpora_primal+",
                               "all": "docs/results/lm_runs/corpora_primalformer",
-                              "original": "docs/results/lm_runs/corpora_transformer"} if not args.set else {}),
+                              "original": "docs/results/lm_runs/corpora_transformer"} if not args.set else {},
+                   baselines="docs/results/baselines/lm_corpora.json" if not args.set else ""),
         "uea": Task("uea", "Classifier (UEA JapaneseVowels, non-causal)", "configs/uea/JapaneseVowels_transformer.yaml",
                     {"last": "configs/uea/JapaneseVowels_primal+.yaml", "all": "configs/uea/JapaneseVowels_primalformer.yaml"},
-                    "acc", True, args.uea_transfer_steps, args.uea_finetune_steps, args.uea_eval_every, uea_sets),
+                    "acc", True, args.uea_transfer_steps, args.uea_finetune_steps, args.uea_eval_every, uea_sets,
+                    baselines="docs/results/baselines/uea_JapaneseVowels.json"),
     }
 
 
@@ -291,6 +305,11 @@ class Study:
                          [r.get("test_ppl", 0) for r in originals],
                          f"{originals[0]['steps']} (its training)" if originals else "–",
                          [r.get("cpu_s", r["wall_time_s"]) for r in originals], None))
+        for name, b in task.trivial().items():
+            cells = [f"*trivial: {name}* ({b['what']})", str(len(b["test"])), value_cell(b["test"], 4 if m == "bpb" else 3)]
+            if m != "acc":
+                cells.append(value_cell(b["ppl"]) if b["ppl"] else "–")
+            lines.append("| " + " | ".join(cells + ["–"] * 4) + " |")
         for layers, label in LAYERS.items():
             scratch = self._stored(task, f"scratch_{layers}")
             if len(scratch) < len(self.args.seeds):
@@ -347,6 +366,14 @@ class Study:
 
         out = ["**Verdict** (by the rule above; quality kept = the original's bits/byte ÷ the model's, or the model's",
                "accuracy ÷ the original's; 100 % = as good as the original):", ""]
+        trivial = {name: statistics.mean(b["test"]) for name, b in task.trivial().items()}
+        if trivial:
+            best = (max if task.higher_is_better else min)(trivial, key=trivial.get)
+            originals_m = [r[f"test_{m}"] for r in originals]
+            if not clears_baseline(originals_m, trivial[best], task.higher_is_better):
+                out += [f"- **The original is not clearly above the best trivial baseline** ({best}: {trivial[best]:.4g}; "
+                        f"original {statistics.mean(originals_m):.4g}): on this task a conversion's kept quality says "
+                        "little about attention.", ""]
         for layers, label in LAYERS.items():
             full = self._stored(task, f"{layers}_transfer_finetune")
             plain = self._stored(task, f"{layers}_finetune")
