@@ -189,6 +189,10 @@ def test_a_new_state_sees_new_weights() -> None:
             p.mul_(1.05)
         _, fresh = model.prefill(tokens[:, :3])
         assert fresh.plan is None
+        other = lm(PATTERNS["hybrid"])  # a state carried to another model decodes with that model's weights
+        with_plan = fresh._replace(plan=model.decode_plan())
+        logits, _ = other.step(tokens[:, 3], with_plan._replace(layers=other.prefill(tokens[:, :3])[1].layers))
+        torch.testing.assert_close(logits, other(tokens[:, :4])[:, 3], rtol=0, atol=1e-9)
         new, _ = model.step(tokens[:, 3], fresh)
         torch.testing.assert_close(new, model(tokens)[:, 3], rtol=0, atol=1e-9)
 

@@ -52,6 +52,8 @@ class LMDecodePlan(NamedTuple):
 
     blocks: list[Any] | None
     head_t: Tensor
+    #: ``id`` of the model it was built from: a state carried to another model rebuilds it.
+    model_id: int = 0
 
 
 class LMState(NamedTuple):
@@ -157,7 +159,9 @@ class CausalLM(nn.Module):
         if torch.is_grad_enabled():
             h, layers = self.decoder.step(h, layers)
             return h @ weight.T, LMState(position + 1, layers)
-        plan = state.plan if state is not None and state.plan is not None else self.decode_plan()
+        plan = state.plan if state is not None and state.plan is not None else None
+        if plan is None or plan.model_id != id(self):
+            plan = self.decode_plan()
         h, layers = self.decoder.step(h, layers, plans=plan.blocks)
         return h @ plan.head_t, LMState(position + 1, layers, plan)
 
@@ -166,7 +170,7 @@ class CausalLM(nn.Module):
         plan (:meth:`TransformerStack.decode_plan`) and a (D, V) contiguous copy of the tied head (a
         one-row matmul reads it faster than ``embed.weight.T``); no gradient."""
         with torch.no_grad():
-            return LMDecodePlan(self.decoder.decode_plan(), self.embed.weight.detach().t().contiguous())
+            return LMDecodePlan(self.decoder.decode_plan(), self.embed.weight.detach().t().contiguous(), id(self))
 
     def prefill(self, prompt: Tensor, mask: Tensor | None = None) -> tuple[Tensor, LMState]:
         """One forward over prompt (B, N0) int64 -> logits (B, N0, V) and the state after it.
@@ -289,7 +293,9 @@ class LMDecodeSession:
         self.weight, self.scale, self.pos = p, model.embed_scale, model.pos
         plan = None
         if not torch.is_grad_enabled():
-            plan = state.plan if state is not None and state.plan is not None else model.decode_plan()
+            plan = state.plan if state is not None and state.plan is not None else None
+            if plan is None or plan.model_id != id(model):
+                plan = model.decode_plan()
         self.head = p.T if plan is None else plan.head_t
         self.index = None if lengths is None else lengths.clone()  # per-sequence next position
         self.position = position
