@@ -9,7 +9,8 @@ priority order below, that nobody holds, so a lone worker finishes one compariso
 
     .venv/bin/python scripts/sweep_comparisons.py                    # everything, in priority order
     .venv/bin/python scripts/sweep_comparisons.py --only lra/listops  # one comparison
-    .venv/bin/python scripts/sweep_comparisons.py --list              # what is done, what is left
+    .venv/bin/python scripts/sweep_comparisons.py --list              # what is done, what is left (and
+                                                                      # refresh each started sweep's sweep.json)
 """
 
 from __future__ import annotations
@@ -96,7 +97,7 @@ def main() -> None:
     sweeps = [(c, sweep_for(config, c)) for c in names for config in COMPARISONS[c]]
     if args.list:
         for comparison, s in sweeps:
-            rep = s.report()
+            rep = s.write_report() if s.results() else s.report()  # refreshes the pages' view of a sweep
             print(f"{comparison:20s} {s.config.stem:28s} points {len(rep['points'])}/{len(s.points)} "
                   f"chosen {rep['chosen']} finals {rep['final'].get('test_' + rep['selection']['metric'][4:], {}).get('n', 0)}"
                   f"/{len(s.final_seeds)}")

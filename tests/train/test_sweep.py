@@ -92,6 +92,23 @@ def test_stored_points_are_selected_on_validation_not_test(tmp_path) -> None:
     assert "**chosen**" in (tmp_path / "sweep.md").read_text().split("0.001 |")[1].splitlines()[0]
 
 
+def test_a_sweep_in_progress_reports_its_points_so_far(tmp_path) -> None:
+    """A pass that leaves a cell to another worker still writes the report: the results pages show the
+    points so far (and no choice) while a long sweep runs."""
+    import fcntl
+
+    sweep = Sweep(CONFIG, {"optim.lr": [1e-4, 1e-3]}, tmp_path, overrides=tuple(TINY))
+    _fake(tmp_path, 1e-4, val=0.6, test=0.9)
+    (tmp_path / "locks").mkdir()
+    with open(tmp_path / "locks" / f"point-{point_name({'optim.lr': 1e-3})}-seed_0.lock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)  # another worker trains this cell
+        assert sweep.step() is False
+    report = json.loads((tmp_path / "sweep.json").read_text())
+    assert [p["name"] for p in report["points"]] == ["optim.lr=0.0001"]
+    assert not report["complete"] and report["chosen"] is None
+    assert not list(tmp_path.glob(".sweep.*.tmp"))  # written whole, then renamed
+
+
 def cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "primal_attention.cli", *args], capture_output=True, text=True,
                           timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})

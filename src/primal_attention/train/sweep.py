@@ -254,8 +254,8 @@ class Sweep:
         """One pass: train every grid cell no other worker holds; once the grid is complete (and unless
         ``finals`` is False), every final cell likewise. True when all that was asked for is stored."""
         grid_done = all([self.run_cell(*c) for c in self.cells()])
-        if grid_done:
-            self.write_report()
+        if self.results():
+            self.write_report()  # the points so far, so a results page shows a sweep in progress
         chosen = self.chosen() if grid_done else None
         if chosen is None or not finals:
             return grid_done
@@ -313,8 +313,11 @@ class Sweep:
         """Write ``sweep.json`` and ``sweep.md`` into the store; return the report."""
         rep = self.report()
         self.store.mkdir(parents=True, exist_ok=True)
-        (self.store / "sweep.json").write_text(json.dumps(rep, indent=2))
-        (self.store / "sweep.md").write_text(render_markdown(rep))
+        # written whole then renamed: several workers may write it, a reader never sees half a file
+        for name, text in (("sweep.json", json.dumps(rep, indent=2)), ("sweep.md", render_markdown(rep))):
+            tmp = self.store / f".{name}.{os.getpid()}.tmp"
+            tmp.write_text(text)
+            os.replace(tmp, self.store / name)
         return rep
 
 
