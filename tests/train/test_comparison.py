@@ -1,0 +1,64 @@
+"""train/comparison: the tuned sections of the results pages, read from sweep stores."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from primal_attention.train.comparison import Entry, below_baseline, clears_baseline, outcome, tuned_section
+from primal_attention.train.sweep import Sweep, point_name
+
+CONFIG = Path(__file__).resolve().parents[2] / "configs" / "uea" / "JapaneseVowels_primal+.yaml"
+TINY = ("data.max_examples=60", "model.dim=16", "model.num_heads=2", "model.ffn_dim=32",
+        "model.attention_options.primal.rank=4", "train.batch_size=8", "train.epochs=2")
+GRID = {"optim.lr": [1e-4, 1e-3]}
+
+
+def write(path: Path, record: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record))
+
+
+def store(tmp: Path, name: str, vals: dict[float, float], finals: list[float] | None, rising: bool = False) -> Entry:
+    root = tmp / name
+    for lr, val in vals.items():
+        write(root / "points" / point_name({"optim.lr": lr}) / "seed_0.json",
+              {"name": name, "best_val_acc": val, "test_acc": val, "wall_time_s": 1.0,
+               "selection": {"metric": "acc", "maximize": True}})
+    sweep = Sweep(CONFIG, GRID, root, overrides=TINY)
+    chosen = sweep.chosen()
+    if chosen is not None and finals:
+        history = [{"val_acc": 0.5}, {"val_acc": 0.9 if rising else 0.7}, {"val_acc": 1.0 if rising else 0.6}]
+        for seed, test in enumerate(finals):
+            write(root / "final" / chosen.name / f"seed_{seed}.json",
+                  {"name": name, "test_acc": test, "best_test_acc": test + 0.01, "final_test_acc": test - 0.01,
+                   "history": history, "selection": {"metric": "acc", "maximize": True}})
+    sweep.write_report()
+    return Entry(name, CONFIG, root)
+
+
+def test_tuned_section_rows_choice_interval_and_baselines(tmp_path: Path) -> None:
+    ref = store(tmp_path, "Transformer", {1e-4: 0.70, 1e-3: 0.80}, [0.60, 0.62, 0.61])
+    better = store(tmp_path, "PrimalFormer", {1e-4: 0.90, 1e-3: 0.85}, [0.80, 0.81, 0.79], rising=True)
+    partial = store(tmp_path, "Primal.+Trans.", {1e-4: 0.75}, None)
+    baselines = {"majority": {"what": "most frequent class", "test_acc": [0.61, 0.61, 0.61]}}
+    lines = tuned_section([ref, better, partial], baselines, reference="Transformer")
+    text = "\n".join(lines)
+    rows = {line.split(" | ")[0].lstrip("| "): line for line in lines if line.startswith("| ")}
+    assert "0.0001: 70.0 · **0.001: 80.0**" in rows["Transformer"]  # chosen on validation, in bold
+    assert "**0.0001: 90.0** · 0.001: 85.0" in rows["PrimalFormer"]
+    assert "0.0001: 75.0 (1 left)" in rows["Primal.+Trans."] and "| 0 |" in rows["Primal.+Trans."]
+    assert "61.0 ± 1.0" in rows["Transformer"] and "3/3 flat" in rows["Transformer"]
+    assert "+19.0 [" in rows["PrimalFormer"] and "better" in rows["PrimalFormer"]
+    assert "3/3 still improving" in rows["PrimalFormer"]  # its best evaluation is the last one
+    assert "*trivial: majority* (most frequent class)" in text
+    # the Transformer's 61.0 ± 1.0 is not clearly above the majority class's 61.0
+    assert below_baseline([ref, better, partial], baselines) == ["Transformer (61.0 vs majority 61.0)"]
+    assert "**At or below a trivial baseline**" in text
+
+
+def test_outcome_of_a_sweep_not_started_and_the_baseline_rule(tmp_path: Path) -> None:
+    assert outcome(Entry("x", CONFIG, tmp_path / "nothing")) is None
+    assert clears_baseline([0.9, 0.92], 0.8, maximize=True)
+    assert not clears_baseline([0.9, 0.70], 0.8, maximize=True)  # within one std
+    assert clears_baseline([100.0], 120.0, maximize=False)  # a perplexity below the baseline's
