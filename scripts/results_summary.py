@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 from dataclasses import dataclass, field
@@ -87,7 +88,8 @@ SYSTEMS = [
     System("Causal LM", "lm.md", "ppl", False,
            {label: [RESULTS / "lm_runs" / f"corpora_{kind}"] for kind, label in
             (("transformer", "Transformer"), ("primalformer", "PrimalFormer"), ("primal+", "Primal.+Trans."))},
-           None, {}, "Shakespeare / Milton / Bible stand-in (paper: WikiText-103)", "lm/corpora_transformer",
+           "lm/corpora" if "lm/corpora" in tuned.COMPARISONS else None, {},
+           "Shakespeare / Milton / Bible stand-in (paper: WikiText-103)", "lm/corpora_transformer",
            "lm_corpora.json"),
     System("Offline RL (9-dataset mean)", "rl.md", "score", True,
            {"Transformer": [RESULTS / "rl_runs" / f"{d}_dt" for d in RL_DATASETS],
@@ -161,7 +163,9 @@ def _values(system: System) -> tuple[dict[str, list[float]], str]:
         outs = {e.label: outcome(e) for e in tuned.entries(system.tuned)}
         ready = [o for o in outs.values() if o is not None and len(o.test) >= 2]
         if len(ready) == len(outs):
-            return {label: [scale * v for v in o.test] for label, o in outs.items()}, "tuned lr (val-selected), authors' init"
+            # an LM sweep selects and stores the loss (nats per token); the page's metric is its exp, perplexity
+            convert = math.exp if system.metric == "ppl" and ready[0].metric == "loss" else (lambda v: scale * v)
+            return {label: [convert(v) for v in o.test] for label, o in outs.items()}, "tuned lr (val-selected), authors' init"
     return ({label: [scale * v for v in _per_seed(system, label)] for label in system.old},
             "earlier runs: shared lr, previous init")
 

@@ -36,6 +36,8 @@ COMPARISONS = {
     "uea/JapaneseVowels": [f"uea/JapaneseVowels_{m}" for m in ("transformer", "primalformer", "primal+")],
     "lra/text": [f"lra/text_{m}_cpu" for m in ("transformer", "primalformer", "primal+")],
     "lra/retrieval": [f"lra/retrieval_{m}_cpu" for m in ("transformer", "primalformer", "primal+")],
+    # selected on validation loss (the LM task's selection metric; perplexity is its exp)
+    "lm/corpora": [f"lm/corpora_{m}" for m in ("transformer", "primalformer", "primal+")],
 }
 #: per-comparison overrides applied to every model and grid point alike (the UEA configs train 100
 #: epochs under the authors' protocol; the holdout protocol is forced by the sweep itself).
@@ -66,6 +68,15 @@ def baselines(comparison: str) -> dict:
                          OVERRIDES.get(comparison, []))
 
 
+def selection_metric(comparison: str) -> str:
+    """The metric the comparison's task selects on (accuracy, or the LM's loss)."""
+    from primal_attention.train.config import load_config
+    from primal_attention.train.families import get_family
+
+    cfg = load_config(ROOT / "configs" / f"{COMPARISONS[comparison][0]}.yaml", OVERRIDES.get(comparison, []))
+    return get_family(cfg.data.family).task.select
+
+
 def section(comparison: str) -> list[str]:
     """The tuned comparison as markdown lines for a results page."""
     grid = ", ".join(f"`{k}` ∈ {{{', '.join(f'{v:g}' for v in vs)}}}" for k, vs in GRID.items())
@@ -75,7 +86,8 @@ def section(comparison: str) -> list[str]:
             f"{', '.join(map(str, FINAL_SEEDS))}" + (f"; every run with {', '.join(f'`{o}`' for o in extra)}" if extra else "")
             + ". Test values: mean ± sample std over the final seeds, each seed's evaluation selected on validation; Δ: "
             "Welch 95 % interval of the difference of means, *within noise* when it contains 0 (parity). Trivial baselines on "
-            "the same splits (seeds 0-2).", "", *tuned_section(entries(comparison), baselines(comparison), reference=REFERENCE)]
+            "the same splits (seeds 0-2).", "", *tuned_section(entries(comparison), baselines(comparison), reference=REFERENCE,
+                                                          metric=selection_metric(comparison))]
 
 
 def sweep_for(config: str, comparison: str) -> Sweep:

@@ -62,3 +62,12 @@ def test_outcome_of_a_sweep_not_started_and_the_baseline_rule(tmp_path: Path) ->
     assert clears_baseline([0.9, 0.92], 0.8, maximize=True)
     assert not clears_baseline([0.9, 0.70], 0.8, maximize=True)  # within one std
     assert clears_baseline([100.0], 120.0, maximize=False)  # a perplexity below the baseline's
+
+
+def test_a_loss_comparison_before_any_sweep_shows_the_loss_and_its_baselines(tmp_path: Path) -> None:
+    entries = [Entry("Transformer", CONFIG, tmp_path / "a"), Entry("PrimalFormer", CONFIG, tmp_path / "b")]
+    baselines = {"bigram": {"what": "bigram model", "test_loss": [4.7843, 4.7843, 4.7843]}}
+    lines = tuned_section(entries, baselines, reference="Transformer", metric="loss")
+    assert "validation loss per optim.lr" in lines[0]
+    assert any("| *trivial: bigram* (bigram model) | – | 3 | 4.784 ± 0.000 |" in line for line in lines)
+    assert sum("not run yet" in line for line in lines) == 2

@@ -94,6 +94,11 @@ def _scale(metric: str) -> float:
     return 100.0 if metric == "acc" else 1.0
 
 
+def _digits(metric: str) -> int:
+    """Decimals shown: accuracy in % to 0.1, other metrics (a loss, a score) to 0.001."""
+    return 1 if metric == "acc" else 3
+
+
 def _flattened(o: Outcome) -> str:
     """Whether the selected validation curve had flattened: in how many final seeds the best validation
     evaluation came before the last one."""
@@ -117,21 +122,22 @@ def _grid_cell(o: Outcome) -> str:
     parts = []
     for p in o.points:
         value = ", ".join(f"{v:g}" for v in p["point"].values())
-        text = f"{value}: {s * p[key]:.1f}"
+        text = f"{value}: {s * p[key]:.{_digits(o.metric)}f}"
         parts.append(f"**{text}**" if p["point"] == o.chosen else text)
     left = o.grid_size - len(o.points)
     return " · ".join(parts) + (f" ({left} left)" if left else "")
 
 
 def tuned_section(entries: Sequence[Entry], baselines: dict[str, Any], *, reference: str,
-                  swept: str = "optim.lr") -> list[str]:
+                  swept: str = "optim.lr", metric: str = "acc") -> list[str]:
     """Markdown lines: one row per model (validation value of each grid point, the choice in bold; final
     seeds' val-selected, best and final test; the difference from ``reference`` with its Welch 95 %
     interval; whether the selected validation curve flattened), then the trivial baselines, then
-    flags for models not above the best trivial baseline."""
+    flags for models not above the best trivial baseline. ``metric``: the selection metric to show
+    before any sweep has stored a point (after that, the sweeps' own)."""
     outcomes = {e.label: outcome(e) for e in entries}
     known = [o for o in outcomes.values() if o is not None]
-    metric = known[0].metric if known else "acc"
+    metric = known[0].metric if known else metric
     s = _scale(metric)
     ref = outcomes.get(reference)
     lines = [f"| model | validation {metric} per {swept} (chosen in bold) | n | test (val-selected) | best test | "
@@ -144,12 +150,13 @@ def tuned_section(entries: Sequence[Entry], baselines: dict[str, Any], *, refere
         diff = "–"
         if e.label != reference and ref is not None and o.test and ref.test:
             diff = welch_difference([s * v for v in o.test], [s * v for v in ref.test], maximize=o.maximize).cell()
-        lines.append(f"| {e.label} | {_grid_cell(o)} | {len(o.test)} | {value_cell([s * v for v in o.test], 1)} | "
-                     f"{value_cell([s * v for v in o.best_test], 1)} | {value_cell([s * v for v in o.final_test], 1)} | "
+        k = _digits(metric)
+        lines.append(f"| {e.label} | {_grid_cell(o)} | {len(o.test)} | {value_cell([s * v for v in o.test], k)} | "
+                     f"{value_cell([s * v for v in o.best_test], k)} | {value_cell([s * v for v in o.final_test], k)} | "
                      f"{diff} | {_flattened(o)} |")
     for name, row in baselines.items():
         test = row.get(f"test_{metric}", [])
-        lines.append(f"| *trivial: {name}* ({row['what']}) | – | {len(test)} | {value_cell([s * v for v in test], 1)} "
+        lines.append(f"| *trivial: {name}* ({row['what']}) | – | {len(test)} | {value_cell([s * v for v in test], _digits(metric))} "
                      "| – | – | – | – |")
     flags = below_baseline(entries, baselines)
     if flags:
@@ -180,5 +187,6 @@ def below_baseline(entries: Sequence[Entry], baselines: dict[str, Any]) -> list[
         best, name = max(rows) if o.maximize else min(rows)
         if not clears_baseline(o.test, best, o.maximize):
             s = _scale(o.metric)
-            out.append(f"{e.label} ({s * statistics.mean(o.test):.1f} vs {name} {s * best:.1f})")
+            k = _digits(o.metric)
+            out.append(f"{e.label} ({s * statistics.mean(o.test):.{k}f} vs {name} {s * best:.{k}f})")
     return out
