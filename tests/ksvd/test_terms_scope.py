@@ -217,3 +217,11 @@ def test_a_compiled_forwards_term_is_kept_beside_eager_ones() -> None:
     layer(x)
     assert len(layer._terms) == 2
     assert len(layer.pop_ksvd_terms()) == 2
+
+
+def test_something_that_is_not_a_module_is_one_clear_error() -> None:
+    with pytest.raises(TypeError, match="expected a torch.nn.Module .* got Tensor"):
+        with pa.ksvd_terms(torch.zeros(3)):
+            pass
+    with pytest.raises(TypeError, match="expected a torch.nn.Module .* got dict"):
+        pa.ksvd_loss({})

@@ -30,6 +30,8 @@ NO_TERMS = ("no primal forward with gradients since the previous call; run the m
 
 def primal_layers(model: nn.Module) -> list[tuple[str, PrimalAttention]]:
     """(qualified name, layer) for every primal attention layer in ``model``, in module order."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"expected a torch.nn.Module (the model whose primal layers to collect), got {type(model).__name__}")
     return [(name, m) for name, m in model.named_modules() if isinstance(m, PrimalAttention)]
 
 
