@@ -224,3 +224,11 @@ def test_batched_generation_with_lengths_equals_one_prompt_at_a_time(kind) -> No
         assert bool((out[b, n + 6 :] == 0).all())
     with pytest.raises(ValueError, match="lengths must be in"):
         model.generate(prompt, 2, lengths=torch.tensor([0, 3, 5]))
+
+
+def test_a_plan_list_of_the_wrong_length_is_an_error() -> None:
+    model = lm(PATTERNS["hybrid"])
+    with torch.no_grad():
+        plans = model.decoder.decode_plan()
+        with pytest.raises(ValueError, match="expected a plan per block"):
+            model.decoder.step(torch.zeros(1, 16, dtype=torch.float64), None, plans=plans[:2])
