@@ -34,7 +34,7 @@ from torch import Tensor, nn
 from primal_attention.ops.primal import reference
 from primal_attention.data.base import Batch
 from primal_attention.ksvd.diagnostics import reference_trace, stationarity_residuals
-from primal_attention.ksvd.loss import primal_layers
+from primal_attention.ksvd.terms import primal_layers
 from primal_attention.layers.checks import check_input
 from primal_attention.layers.inputs import record_inputs
 from primal_attention.layers.primal import PrimalAttention

@@ -92,9 +92,11 @@ class KSVDTerms:
         reduction "batch": scalars; "sample": (B,)."""
         out: dict[str, Tensor] = {}
         calls: dict[int, int] = {}
-        for layer, term, _ in self._terms:
+        for i, (layer, term, grad) in enumerate(self._terms):
             calls[id(layer)] = calls.get(id(layer), 0) + 1
             name = self._names[id(layer)] + (f"#{calls[id(layer)]}" if calls[id(layer)] > 1 else "")
+            term = layer.complete_term(term)  # an inference forward's features, recomputed once
+            self._terms[i] = (layer, term, grad)
             out[name] = layer.term_objective(term, reduction, form)
         return out
 

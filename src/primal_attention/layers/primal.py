@@ -389,13 +389,17 @@ class PrimalAttention(nn.Module):
             raise ValueError(f"reduction must be 'batch' or 'sample', got {reduction!r}")
         if isinstance(term, reference.PrimalTrace):
             return reference.ksvd_objective(term, self.weights(), reduction=reduction, form=form)
-        if term.inputs is not None:
-            # An inference forward kept only its input: recompute the features once (current weights).
-            full = fused.materialize_features(term, self.weights())
-            if term is self._last:
-                self._last = full
-            term = full
-        return fused.ksvd_objective(term, self.lambdas, self.we, self.wr, reduction=reduction, form=form)
+        full = self.complete_term(term)
+        if term is self._last:
+            self._last = full  # recomputed once, not at every call
+        return fused.ksvd_objective(full, self.lambdas, self.we, self.wr, reduction=reduction, form=form)
+
+    def complete_term(self, term: KSVDTerm) -> KSVDTerm:
+        """``term`` ready for its J: an inference forward kept only its input, whose features are
+        recomputed here (current weights); any other term as it is. Keep the result to reuse it."""
+        if isinstance(term, fused.PrimalCache) and term.inputs is not None:
+            return fused.materialize_features(term, self.weights())
+        return term
 
     def ksvd_objective(self, reduction: str = "batch", form: str = "authors") -> Tensor:
         """Signed KSVD objective J of the last forward (differentiable).

@@ -159,11 +159,14 @@ class CausalLM(nn.Module):
         if torch.is_grad_enabled():
             h, layers = self.decoder.step(h, layers)
             return h @ weight.T, LMState(position + 1, layers)
-        plan = state.plan if state is not None and state.plan is not None else None
-        if plan is None or plan.model_id != id(self):
-            plan = self.decode_plan()
+        plan = self._plan_for(state)
         h, layers = self.decoder.step(h, layers, plans=plan.blocks)
         return h @ plan.head_t, LMState(position + 1, layers, plan)
+
+    def _plan_for(self, state: LMState | None) -> LMDecodePlan:
+        """The state's decoding plan when it was built from this model, else a new one."""
+        plan = None if state is None else state.plan
+        return plan if plan is not None and plan.model_id == id(self) else self.decode_plan()
 
     def decode_plan(self) -> LMDecodePlan:
         """The decoding constants for one decoding loop whose weights do not change: the stack's fused
@@ -291,11 +294,7 @@ class LMDecodeSession:
                              f"{model.config.max_seq_len}")
         p = model.embed.weight
         self.weight, self.scale, self.pos = p, model.embed_scale, model.pos
-        plan = None
-        if not torch.is_grad_enabled():
-            plan = state.plan if state is not None and state.plan is not None else None
-            if plan is None or plan.model_id != id(model):
-                plan = model.decode_plan()
+        plan = None if torch.is_grad_enabled() else model._plan_for(state)
         self.head = p.T if plan is None else plan.head_t
         self.index = None if lengths is None else lengths.clone()  # per-sequence next position
         self.position = position

@@ -138,7 +138,7 @@ def tuned_section(entries: Sequence[Entry], baselines: dict[str, Any], *, refere
     outcomes = {e.label: outcome(e) for e in entries}
     known = [o for o in outcomes.values() if o is not None]
     metric = known[0].metric if known else metric
-    s = _scale(metric)
+    s, k = _scale(metric), _digits(metric)
     ref = outcomes.get(reference)
     lines = [f"| model | validation {metric} per {swept} (chosen in bold) | n | test (val-selected) | best test | "
              f"final test | Δ vs {reference}, 95 % CI | selected curve |", "|---|---|---|---|---|---|---|---|"]
@@ -150,13 +150,12 @@ def tuned_section(entries: Sequence[Entry], baselines: dict[str, Any], *, refere
         diff = "–"
         if e.label != reference and ref is not None and o.test and ref.test:
             diff = welch_difference([s * v for v in o.test], [s * v for v in ref.test], maximize=o.maximize).cell()
-        k = _digits(metric)
         lines.append(f"| {e.label} | {_grid_cell(o)} | {len(o.test)} | {value_cell([s * v for v in o.test], k)} | "
                      f"{value_cell([s * v for v in o.best_test], k)} | {value_cell([s * v for v in o.final_test], k)} | "
                      f"{diff} | {_flattened(o)} |")
     for name, row in baselines.items():
         test = row.get(f"test_{metric}", [])
-        lines.append(f"| *trivial: {name}* ({row['what']}) | – | {len(test)} | {value_cell([s * v for v in test], _digits(metric))} "
+        lines.append(f"| *trivial: {name}* ({row['what']}) | – | {len(test)} | {value_cell([s * v for v in test], k)} "
                      "| – | – | – | – |")
     flags = below_baseline(entries, baselines)
     if flags:
