@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 from transformers import GPT2Config, GPT2LMHeadModel, TrainingArguments
 
 from primal_attention import hf
@@ -35,6 +36,11 @@ def main(out: Path, per_device: int) -> None:
         final = {k: v.detach().clone() for k, v in model.named_parameters()}
         torch.save({"initial": initial, "final": final}, out / "weights.pt")
         (out / "world_size").write_text(str(trainer.args.world_size))
+    if dist.is_available() and dist.is_initialized():
+        # The Trainer starts the gloo group and leaves it open; a rank that exits with it open can abort
+        # ("terminate called without an active exception") while the other still writes its files.
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -89,8 +89,8 @@ def test_ddp_two_gloo_processes_equal_one(tmp_path):
     single = subprocess.run([sys.executable, str(script), str(one), "4"], capture_output=True, text=True, env=env,
                             timeout=300)
     assert single.returncode == 0, single.stderr[-3000:]
-    ddp = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
-                          "29541", str(script), str(two), "2"], capture_output=True, text=True, env=env, timeout=300)
+    ddp = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                          str(script), str(two), "2"], capture_output=True, text=True, env=env, timeout=300)
     assert ddp.returncode == 0, ddp.stderr[-3000:]
     assert (one / "world_size").read_text() == "1" and (two / "world_size").read_text() == "2"
     a, b = torch.load(one / "weights.pt"), torch.load(two / "weights.pt")

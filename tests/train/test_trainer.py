@@ -143,7 +143,7 @@ def test_ddp_two_processes_equal_one(tmp_path) -> None:
     single = cli("train", str(CONFIG), "--out", str(tmp_path / "one"), *args)
     assert single.returncode == 0, single.stderr
     ddp = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29517",
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
          "-m", "primal_attention.cli", "train", str(CONFIG), "--out", str(tmp_path / "two"), *args],
         capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"},
     )
