@@ -576,8 +576,20 @@ def run_seeds(cfg: ExperimentConfig, out_dir: str | Path, seeds: list[int], *, r
         raise RunError(f"--out {out} is a file, not a directory")
     # Under torchrun every rank runs this; rank 0 alone writes, so it alone takes the locks.
     run_dirs = [out / f"seed_{seed}" for seed in seeds]
-    with run_lock(run_dirs) if int(os.environ.get("RANK", "0")) == 0 else nullcontext():
-        return _run_seeds(cfg, out, seeds, resume=resume, overwrite=overwrite)
+    group_was_open = torch.distributed.is_available() and torch.distributed.is_initialized()
+    finished = False
+    try:
+        with run_lock(run_dirs) if int(os.environ.get("RANK", "0")) == 0 else nullcontext():
+            summary = _run_seeds(cfg, out, seeds, resume=resume, overwrite=overwrite)
+        finished = True
+        return summary
+    finally:
+        if not group_was_open and torch.distributed.is_available() and torch.distributed.is_initialized():
+            # The group the trainer opened is closed here: a rank leaving with it open can abort at exit
+            # while another still writes. The barrier only after a clean run (a failed rank never reaches it).
+            if finished:
+                torch.distributed.barrier()
+            torch.distributed.destroy_process_group()
 
 
 def _run_seeds(cfg: ExperimentConfig, out: Path, seeds: list[int], *, resume: bool, overwrite: bool) -> dict[str, Any]:
