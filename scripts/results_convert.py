@@ -39,10 +39,8 @@ import argparse
 import json
 import shlex
 import statistics
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from primal_attention.train.comparison import clears_baseline
 from primal_attention.train.experiments import run_stored
@@ -111,11 +109,6 @@ class Study:
         self.tasks = tasks(args)
 
     # -- cells ------------------------------------------------------------------------------------
-    def _cpu(self, fn, *a, **kw) -> tuple[Any, float]:
-        t0 = time.process_time()
-        out = fn(*a, **kw)
-        return out, time.process_time() - t0
-
     def original(self, task: Task, seed: int, weights: bool = True) -> tuple[dict, Path]:
         """The original's stored metrics and its run folder; trained when its metrics are not stored, or
         retrained (deterministically) when ``weights`` are needed and the run folder is gone."""
@@ -127,18 +120,16 @@ class Study:
         run_dir = work / f"seed_{seed}"
         config = ROOT / task.original
         if not store.is_file() or (weights and not (run_dir / "metrics.json").is_file()):
-            trained_here = not (run_dir / "metrics.json").is_file()
             print(f"[{task.name}] original seed {seed}: training {config.name} -> {run_dir}", flush=True)
-            (_, cpu) = self._cpu(run_seeds, load_config(config, ["train.progress=false", *task.overrides]), work, [seed],
-                                 resume=True)
+            run_seeds(load_config(config, ["train.progress=false", *task.overrides]), work, [seed], resume=True)
             metrics = json.loads((run_dir / "metrics.json").read_text())
             if store.is_file():
                 before = json.loads(store.read_text())
                 print(f"[{task.name}] retrained seed {seed}: test {task.metric} {metrics[f'test_{task.metric}']:.5f} "
                       f"(stored {before[f'test_{task.metric}']:.5f})", flush=True)
             else:
-                if trained_here:  # CPU seconds of a run finished earlier are unknown: the page shows its wall time
-                    metrics["cpu_s"] = cpu
+                if metrics.get("cpu_time_s") is not None:  # else unknown (an older run): the page shows its wall time
+                    metrics["cpu_s"] = metrics["cpu_time_s"]
                 metrics["command"] = shlex.join(["primal", "train", str(task.original), "--out", str(work), "--seeds",
                                                  str(seed), "--resume"] + [x for o in task.overrides for x in ("--set", o)])
                 store.parent.mkdir(parents=True, exist_ok=True)
@@ -185,12 +176,10 @@ class Study:
         sets = [*task.overrides, "train.epochs=null", f"train.steps={total}",
                 f"train.eval_every={max(1, total // 6)}"]
         store = self.store / task.name / f"scratch_{layers}" / f"seed_{seed}.json"
-        t0 = time.process_time()
-        finished = self.work / task.name / f"scratch_{layers}" / f"seed_{seed}" / "metrics.json"
-        fresh = not store.is_file() and not finished.is_file()  # else its CPU seconds are unknown (wall time shown)
+        fresh = not store.is_file()
         metrics = run_stored(ROOT / task.scratch[layers], store, self.work / task.name / f"scratch_{layers}", seed, sets)
-        if fresh:
-            metrics["cpu_s"] = time.process_time() - t0
+        if fresh and metrics.get("cpu_time_s") is not None:  # else unknown (an older run): wall time shown
+            metrics["cpu_s"] = metrics["cpu_time_s"]
             store.write_text(json.dumps(metrics, indent=2))
         return metrics
 
@@ -244,7 +233,7 @@ class Study:
             "",
         ]
         missing: list[str] = []
-        for name in self.args.tasks:
+        for name in self.tasks:  # every task on the page, whichever ones this invocation trains
             lines += self._task_section(self.tasks[name], missing)
         lines += self._decode_section()
         if missing:
@@ -272,7 +261,14 @@ class Study:
             missing.append(f"{task.name}: original, seeds stored {len(originals)}/{len(self.args.seeds)}")
         base = statistics.mean(r[f"test_{m}"] for r in originals) if originals else None
 
-        def row(label: str, values: list[float], ppl: list[float], steps: str, cpu: list[float], scratch: list[float] | None) -> str:
+        walls: list[bool] = []
+
+        def seconds(runs: list[dict]) -> tuple[list[float], bool]:
+            """CPU seconds of trained runs; wall seconds (flagged) where a run's CPU time is unknown."""
+            return [r.get("cpu_s", r["wall_time_s"]) for r in runs], any("cpu_s" not in r for r in runs)
+
+        def row(label: str, values: list[float], ppl: list[float], steps: str, cpu: list[float],
+                scratch: list[float] | None, wall: bool = False) -> str:
             kept = "–"
             if base is not None and values:
                 mean = statistics.mean(values)
@@ -290,7 +286,8 @@ class Study:
             cells = [label, str(len(values)), value_cell(values, digits)]
             if m != "acc":
                 cells.append(value_cell(ppl))
-            cells += [kept, beats, steps, value_cell(cpu, 0) if cpu else "–"]
+            walls.append(wall)
+            cells += [kept, beats, steps, (value_cell(cpu, 0) + (" †" if wall else "")) if cpu else "–"]
             return "| " + " | ".join(cells) + " |"
 
         if originals and task.published.get("original"):
@@ -301,10 +298,11 @@ class Study:
             if pairs:
                 lines[-2:-2] = [f"The originals were retrained here from the config of lm.md; test {unit} of each seed "
                                 "here vs lm.md: " + ", ".join(f"{a:.4f} vs {b:.4f}" for a, b in pairs) + ".", ""]
+        cpu, wall = seconds(originals)
         lines.append(row("original (softmax)", [r[f"test_{m}"] for r in originals],
                          [r.get("test_ppl", 0) for r in originals],
                          f"{originals[0]['steps']} (its training)" if originals else "–",
-                         [r.get("cpu_s", r["wall_time_s"]) for r in originals], None))
+                         cpu, None, wall))
         for name, b in task.trivial().items():
             cells = [f"*trivial: {name}* ({b['what']})", str(len(b["test"])), value_cell(b["test"], 4 if m == "bpb" else 3)]
             if m != "acc":
@@ -340,14 +338,19 @@ class Study:
                              f"T + F = {t + f}", cost(full, ("transfer", "finetune")),
                              scratch_values))
             total = f"{scratch[0]['steps']} (all from scratch)" if scratch else "–"
+            cpu, wall = seconds(scratch)
             lines.append(row("scratch, same total steps", scratch_values, [r.get("test_ppl", 0) for r in scratch], total,
-                             [r.get("cpu_s", r["wall_time_s"]) for r in scratch], None))
+                             cpu, None, wall))
             published = task.published.get(layers)
             if published:
                 pub = [json.loads(p.read_text()) for p in sorted((ROOT / published).glob("seed_*.json"))]
                 if pub:
                     lines.append(row("scratch, 1 500 steps (lm.md)", [r[f"test_{m}"] for r in pub],
-                                     [r.get("test_ppl", 0) for r in pub], "1500", [r["wall_time_s"] for r in pub], None))
+                                     [r.get("test_ppl", 0) for r in pub], "1500", [r["wall_time_s"] for r in pub], None,
+                                     True))
+        if any(walls):
+            lines += ["", "† wall-clock seconds (one thread, other jobs beside it) for runs whose CPU time was not "
+                          "recorded (trained before the trainer kept CPU time, or resumed across sessions before that)."]
         lines += ["", *self._verdict(task), ""]
         lines += self._errors(task)
         return lines

@@ -15,6 +15,7 @@ import torch
 from safetensors.torch import load_file
 
 from primal_attention.train import load_config
+from primal_attention.train.checkpoint import latest_checkpoint, load_checkpoint
 from primal_attention.train.config import config_from_dict
 from primal_attention.train.trainer import Trainer, make_scheduler
 
@@ -121,6 +122,8 @@ def test_resume_after_sigkill_matches_uninterrupted_run(tmp_path) -> None:
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert not (out / "seed_0" / "metrics.json").exists(), "the run finished before it could be killed"
+    cpu_killed = load_checkpoint(latest_checkpoint(ckpts))[1]["cpu_time"]
+    assert cpu_killed > 0
 
     resumed = cli("train", str(CONFIG), "--out", str(out), "--resume", *args)
     assert resumed.returncode == 0, resumed.stderr
@@ -128,6 +131,7 @@ def test_resume_after_sigkill_matches_uninterrupted_run(tmp_path) -> None:
     b = json.loads((out / "seed_0" / "metrics.json").read_text())
     for key in ("final_test_acc", "best_test_acc", "best_epoch", "steps", "ksvd_j_final"):
         assert a[key] == b[key], key
+    assert b["cpu_time_s"] > cpu_killed  # CPU seconds add up over the killed session and the resumed one
     wa = load_file(str(sorted((tmp_path / "full" / "seed_0" / "checkpoints").glob("ckpt-*"))[-1] / "model.safetensors"))
     wb = load_file(str(sorted(ckpts.glob("ckpt-*"))[-1] / "model.safetensors"))
     for k in wa:

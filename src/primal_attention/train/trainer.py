@@ -183,7 +183,17 @@ class _Loop:
     best: dict[str, Any] | None = None
     best_weights: dict[str, Tensor] | None = None
     wall_before: float = 0.0
+    #: CPU seconds (this process, all its threads) of earlier sessions; None when a checkpoint from before
+    #: CPU accounting was resumed (the run's CPU time is then unknown)
+    cpu_before: float | None = 0.0
+    started: tuple[float, float] = (0.0, 0.0)  # perf_counter, process_time at the start of this session
     last: dict[str, float] = field(default_factory=dict)
+
+    def elapsed(self) -> tuple[float, float | None]:
+        """Wall and CPU seconds of the training loop over every session of this run."""
+        wall = self.wall_before + time.perf_counter() - self.started[0]
+        cpu = None if self.cpu_before is None else self.cpu_before + time.process_time() - self.started[1]
+        return wall, cpu
 
 
 class Trainer:
@@ -231,10 +241,10 @@ class Trainer:
             bar = tqdm(total=loop.total, initial=loop.step, desc=f"{self.cfg.name} seed {t.seed}", dynamic_ncols=True)
         round_len = t.eval_every if t.steps is not None else loop.steps_per_epoch
         eval_every_rounds = 1 if t.steps is not None else t.eval_every
-        start = time.perf_counter()
+        loop.started = (time.perf_counter(), time.process_time())
         loop.model.train()
         try:
-            self._run_loop(loop, writer, bar, start, round_len, eval_every_rounds)
+            self._run_loop(loop, writer, bar, round_len, eval_every_rounds)
         except KeyboardInterrupt:
             raise Interrupted(loop.step, loop.step / loop.steps_per_epoch, self.out) from None
         finally:
@@ -242,12 +252,12 @@ class Trainer:
                 bar.close()
             if writer is not None:
                 writer.close()
-        metrics = self._final_metrics(loop, loop.wall_before + time.perf_counter() - start)
+        metrics = self._final_metrics(loop)
         if self.is_main:
             (self.out / "metrics.json").write_text(json.dumps(metrics, indent=2))
         return metrics
 
-    def _run_loop(self, loop: _Loop, writer, bar, start: float, round_len: int, eval_every_rounds: int) -> None:
+    def _run_loop(self, loop: _Loop, writer, bar, round_len: int, eval_every_rounds: int) -> None:
         """Steps to the end of the schedule, evaluating and checkpointing at the end of each round."""
         while loop.step < loop.total:
             self._train_step(loop)
@@ -262,7 +272,7 @@ class Trainer:
             if math.ceil(loop.step / round_len) % eval_every_rounds == 0 or loop.step == loop.total:
                 self._evaluate_and_select(loop, writer, bar)
             if self.is_main:
-                self._checkpoint(loop, loop.wall_before + time.perf_counter() - start)
+                self._checkpoint(loop)
 
     def _setup(self) -> _Loop:
         """Threads, allocator, process group, seed; then data, model, optimiser and schedule."""
@@ -306,6 +316,7 @@ class Trainer:
         if self.device.type == "cuda" and state.get("cuda_rng") is not None:
             torch.cuda.set_rng_state(state["cuda_rng"], self.device)
         loop.step, loop.history, loop.best, loop.wall_before = state["step"], state["history"], state["best"], state["wall_time"]
+        loop.cpu_before = state.get("cpu_time")  # absent from checkpoints written before CPU accounting
 
     def _train_step(self, loop: _Loop) -> None:
         """One optimiser step on this rank's share of the global batch: task loss + η·KSVD."""
@@ -361,8 +372,9 @@ class Trainer:
             if bar is not None:
                 bar.write(self._describe(row, loop.task))
 
-    def _checkpoint(self, loop: _Loop, wall: float) -> None:
+    def _checkpoint(self, loop: _Loop) -> None:
         """Save everything :meth:`_restore` needs to continue exactly from this step."""
+        wall, cpu = loop.elapsed()
         state = {
             "step": loop.step,
             "optimizer": loop.optimizer.state_dict(),
@@ -372,6 +384,7 @@ class Trainer:
             "history": loop.history,
             "best": loop.best,
             "wall_time": wall,
+            "cpu_time": cpu,
         }
         save_checkpoint(self.out / "checkpoints", loop.step, loop.model, state, loop.best_weights,
                         keep=self.cfg.train.keep_checkpoints, config=config_to_dict(self.cfg))
@@ -425,8 +438,9 @@ class Trainer:
                 if k not in ("step", "epoch") and isinstance(v, (int, float)):
                     writer.add_scalar(k, v, row["step"])
 
-    def _final_metrics(self, loop: _Loop, wall: float) -> dict[str, Any]:
+    def _final_metrics(self, loop: _Loop) -> dict[str, Any]:
         t = self.cfg.train
+        wall, cpu = loop.elapsed()
         model, splits, history, best, best_weights = loop.model, loop.splits, loop.history, loop.best, loop.best_weights
         total, steps_per_epoch = loop.total, loop.steps_per_epoch
         metrics: dict[str, Any] = {
@@ -436,6 +450,9 @@ class Trainer:
             "steps": total,
             "epochs": total / steps_per_epoch,
             "wall_time_s": wall,
+            # CPU seconds of this process over every session (rank 0 under DDP); None: unknown (resumed
+            # from a checkpoint written before CPU accounting)
+            "cpu_time_s": cpu,
             "train_examples": len(splits.train),
             "val_examples": 0 if splits.val is None else len(splits.val),
             "test_examples": len(splits.test),
