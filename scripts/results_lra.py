@@ -20,7 +20,6 @@ import argparse
 import statistics
 from pathlib import Path
 
-import yaml
 
 import sys
 
@@ -157,11 +156,9 @@ def tuned_sections() -> list[str]:
     """The tuned comparison of every LRA task that has one (docs/results/sweeps), with its trivial baselines."""
     lines = ["## Tuned comparison: per-model learning rate, the authors' init", ""]
     for comparison in tuned.COMPARISONS:
-        if comparison.startswith("lra/"):
+        if comparison.startswith("lra/") and tuned.progress(comparison) != "not started":
             lines += [f"### {comparison.split('/')[1]}", "", *tuned.section(comparison), ""]
-    missing = [t for t in TASKS if f"lra/{t}" not in tuned.COMPARISONS]
-    lines += [f"Not rerun under this protocol yet: {', '.join(missing)} (CPU budget; the previous runs below).", ""]
-    return lines
+    return lines + tuned.not_rerun_note({t: f"lra/{t}" for t in TASKS})
 
 
 def write_table() -> None:

@@ -1,0 +1,52 @@
+"""scripts/sweep_comparisons.py: what the results pages say is (not) rerun comes from the stored sweeps."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+from primal_attention.train.sweep import point_name
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _script(monkeypatch, store: Path):
+    spec = importlib.util.spec_from_file_location("sweep_comparisons_under_test", ROOT / "scripts" / "sweep_comparisons.py")
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, module)
+    spec.loader.exec_module(module)
+    monkeypatch.setattr(module, "STORE", store)
+    monkeypatch.setattr(module, "WORK", store / "work")
+    monkeypatch.setattr(module, "COMPARISONS", {"uea/JapaneseVowels": ["uea/JapaneseVowels_transformer"]})
+    return module
+
+
+def _store(path: Path, val: float) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"name": "x", "best_val_acc": val, "test_acc": val, "wall_time_s": 1.0,
+                                "selection": {"metric": "acc", "maximize": True}}))
+
+
+def test_progress_and_the_not_rerun_note_follow_the_stored_sweeps(tmp_path, monkeypatch) -> None:
+    tuned = _script(monkeypatch, tmp_path)
+    names = {"JapaneseVowels": "uea/JapaneseVowels", "BasicMotions": "uea/BasicMotions"}
+    assert tuned.progress("uea/JapaneseVowels") == "not started"
+    note = " ".join(tuned.not_rerun_note(names))
+    assert "JapaneseVowels (not started)" in note and "BasicMotions (not registered)" in note
+
+    points = tmp_path / "JapaneseVowels_transformer" / "points"
+    lrs = tuned.GRID["optim.lr"]
+    _store(points / point_name({"optim.lr": lrs[0]}) / "seed_0.json", 0.5)
+    assert tuned.progress("uea/JapaneseVowels") == "in progress"
+    for i, lr in enumerate(lrs[1:]):
+        _store(points / point_name({"optim.lr": lr}) / "seed_0.json", 0.6 + i / 100)
+    best = point_name({"optim.lr": lrs[-1]})
+    for seed in tuned.FINAL_SEEDS[1:]:
+        assert tuned.progress("uea/JapaneseVowels") == "in progress"
+        _store(tmp_path / "JapaneseVowels_transformer" / "final" / best / f"seed_{seed}.json", 0.6)
+    _store(tmp_path / "JapaneseVowels_transformer" / "final" / best / "seed_0.json", 0.6)  # the reused sweep-seed run
+    assert tuned.progress("uea/JapaneseVowels") == "complete"
+    assert "JapaneseVowels (" not in " ".join(tuned.not_rerun_note(names))
+    assert tuned.not_rerun_note({"JapaneseVowels": "uea/JapaneseVowels"}) == []
