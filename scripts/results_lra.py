@@ -18,10 +18,8 @@ from __future__ import annotations
 
 import argparse
 import statistics
-from pathlib import Path
-
-
 import sys
+from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import sweep_comparisons as tuned  # noqa: E402

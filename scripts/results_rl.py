@@ -19,12 +19,16 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 from pathlib import Path
 
-from primal_attention.data.cache import cache_dir
-from primal_attention.data.rl import DATASETS, D4RL_SCORES
-from primal_attention.train.experiments import claim, run_stored, stored
-from primal_attention.train.stats import value_cell
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import sweep_comparisons as tuned  # noqa: E402
+
+from primal_attention.data.cache import cache_dir  # noqa: E402
+from primal_attention.data.rl import DATASETS, D4RL_SCORES  # noqa: E402
+from primal_attention.train.experiments import claim, run_stored, stored  # noqa: E402
+from primal_attention.train.stats import value_cell  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = ROOT / "docs" / "results" / "rl_runs"
@@ -89,6 +93,22 @@ def average_rows() -> list[str]:
     return rows
 
 
+def tuned_lines() -> list[str]:
+    """Each dataset's tuned comparison (per-model lr swept, selected on validation rollouts) that has begun,
+    the average over the datasets once all are done, and what is not rerun yet."""
+    lines = ["## Tuned comparison: per-model learning rate (validation rollouts select)", "",
+             "Each dataset: `scripts/sweep_comparisons.py --only rl/<env>-<dataset>` (the CPU schedule above, each dataset collected first; "
+             "the trivial baseline is the behaviour policy, the dataset's own episodes).", ""]
+    for d in tuned.RL_DATASETS:
+        if tuned.progress(f"rl/{d}") != "not started":
+            lines += [f"### {d}", "", *tuned.section(f"rl/{d}"), ""]
+    average = tuned.rl_average()
+    if average:
+        lines += [f"**Average over the {len(tuned.RL_DATASETS)} datasets** (per final seed, then mean ± std): "
+                  + "; ".join(f"{label} {value_cell(v, 1)}" for label, v in average.items()) + ".", ""]
+    return lines + tuned.not_rerun_note({d: f"rl/{d}" for d in tuned.RL_DATASETS})
+
+
 def write_page() -> None:
     lines = [
         "# Offline RL: DT vs Primal.+DT on D4RL-style MuJoCo datasets collected here",
@@ -96,10 +116,6 @@ def write_page() -> None:
         "Regenerate: `primal data collect-rl ENV` per environment, then `.venv/bin/python scripts/results_rl.py`",
         "(resumable; `--table-only` rewrites this page from `docs/results/rl_runs/`). Configs:",
         "`configs/rl/<env>-<dataset>_{dt,primal+}.yaml` (the authors' settings), run with the CPU schedule below.",
-        "",
-        "**Not rerun under the tuned protocol yet** (a per-model learning rate swept on validation, the same budget",
-        "for every model; `scripts/sweep_comparisons.py`): the rows below are the earlier runs, **shared lr**, one",
-        "learning rate for every model (CPU budget: ListOps, Image, Fashion-MNIST vision and JapaneseVowels first).",
         "",
         "**Data (collected here, not D4RL's files):** SAC (stable-baselines3 defaults, 10k random steps first)",
         "in gymnasium's v5 MuJoCo environments, D4RL's recipe: the medium policy is the first one whose",
@@ -117,6 +133,9 @@ def write_page() -> None:
         "the best TEST over the evaluations is shown beside it (the authors' protocol). Mean ± sample std over",
         "seeds (n = seeds finished).",
         "",
+        *tuned_lines(),
+        "## Previous runs: shared lr", "",
+        "One learning rate (the configs' 1e-3) for every model. Kept so the change is visible.", "",
         "| dataset | model | n | test score (val-selected) | best test score (authors') | final test score | train time / run (s) |",
         "|---|---|---|---|---|---|---|",
     ]

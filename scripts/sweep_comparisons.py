@@ -16,10 +16,13 @@ priority order below, that nobody holds, so a lone worker finishes one compariso
 from __future__ import annotations
 
 import argparse
+import json
+import statistics
 import time
 from pathlib import Path
 
-from primal_attention.train.comparison import Entry, baselines_for, tuned_section
+from primal_attention.data.rl import D4RL_SCORES, DATASETS, dataset_file
+from primal_attention.train.comparison import Entry, baselines_for, outcome, tuned_section
 from primal_attention.train.sweep import Sweep
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,16 +45,24 @@ COMPARISONS = {
     # selected on validation loss (the LM task's selection metric; perplexity is its exp)
     "lm/corpora": [f"lm/corpora_{m}" for m in ("transformer", "primalformer", "primal+")],
 }
+#: offline RL, one comparison per dataset (DT vs Primal.+DT); each needs its dataset collected first
+#: (`primal data collect-rl ENV`), and a worker passes over those that are not.
+RL_DATASETS = [f"{env}-{ds}" for env in D4RL_SCORES for ds in DATASETS]
+COMPARISONS.update({f"rl/{d}": [f"rl/{d}_dt", f"rl/{d}_primal+"] for d in RL_DATASETS})
+#: the CPU schedule of docs/results/rl.md (the paper's DT takes ~1.5 s per step on one core here).
+RL_CPU_SCHEDULE = ["model.dim=128", "model.ffn_dim=512", "train.batch_size=32", "train.steps=1000",
+                   "optim.warmup_steps=100", "train.eval_every=500", "data.options.eval_episodes=5"]
 #: per-comparison overrides applied to every model and grid point alike (the UEA configs train 100
 #: epochs under the authors' protocol; the holdout protocol is forced by the sweep itself).
 #: BasicMotions keeps its earlier 30 epochs; FSDD (2000 clips) had 3, doubled here toward a flat validation curve.
 OVERRIDES: dict[str, list[str]] = {"uea/JapaneseVowels": ["train.epochs=30"], "uea/BasicMotions": ["train.epochs=30"],
-                                   "uea/FSDD": ["train.epochs=6"]}
+                                   "uea/FSDD": ["train.epochs=6"], **{f"rl/{d}": RL_CPU_SCHEDULE for d in RL_DATASETS}}
 
 
 #: the model every other model of a comparison is measured against.
 REFERENCE = "Transformer"
 LABELS = {"transformer": REFERENCE, "vit": REFERENCE, "primalformer": "PrimalFormer", "primal+": "Primal.+Trans."}
+RL_LABELS = {"dt": "DT", "primal+": "Primal.+DT"}
 BASELINES = ROOT / "docs" / "results" / "baselines"
 FINAL_SEEDS = (0, 1, 2)
 
@@ -62,12 +73,42 @@ def entries(comparison: str) -> list[Entry]:
     for config in COMPARISONS[comparison]:
         stem = config.split("/")[-1]
         kind = stem.removesuffix("_cpu").rsplit("_", 1)[-1]
-        out.append(Entry(LABELS[kind], ROOT / "configs" / f"{config}.yaml", STORE / stem))
+        labels = RL_LABELS if comparison.startswith("rl/") else LABELS
+        out.append(Entry(labels[kind], ROOT / "configs" / f"{config}.yaml", STORE / stem))
     return out
 
 
+def rl_average() -> dict[str, list[float]] | None:
+    """Per model (DT, Primal.+DT), the val-selected test score of each final seed averaged over the RL
+    datasets (the paper's summary figure); None until every dataset's final seeds are stored."""
+    per_model: dict[str, list[list[float]]] = {}
+    for d in RL_DATASETS:
+        for e in entries(f"rl/{d}"):
+            o = outcome(e)
+            if o is None or len(o.test) != len(FINAL_SEEDS):
+                return None
+            per_model.setdefault(e.label, []).append(o.test)
+    return {label: [statistics.mean(seed) for seed in zip(*rows)] for label, rows in per_model.items()}
+
+
+def waiting_for(comparison: str) -> str | None:
+    """Why ``comparison`` cannot run on this machine yet (its data is not collected), or None."""
+    if comparison.startswith("rl/"):
+        name = comparison.removeprefix("rl/")
+        if not dataset_file(name).is_file():
+            return f"dataset {name} not collected (primal data collect-rl {name.split('-')[0]})"
+    return None
+
+
 def baselines(comparison: str) -> dict:
-    """Trivial baselines of ``comparison`` on the final seeds' holdout splits (cached in docs/results/baselines)."""
+    """Trivial baselines of ``comparison`` on the final seeds' holdout splits (cached in docs/results/baselines);
+    for an RL dataset, the behaviour policy: the normalised return of the dataset's own episodes."""
+    if comparison.startswith("rl/"):
+        path = BASELINES / "rl_behaviour.json"
+        scores = json.loads(path.read_text())["per_dataset"] if path.is_file() else {}
+        name = comparison.removeprefix("rl/")
+        return {"behaviour": {"what": "the dataset's own episodes (mean D4RL-normalised return)",
+                              "test_score": [scores[name]]}} if name in scores else {}
     first = ROOT / "configs" / f"{COMPARISONS[comparison][0]}.yaml"
     return baselines_for(first, FINAL_SEEDS, BASELINES / f"{comparison.replace('/', '_')}.json",
                          OVERRIDES.get(comparison, []))
@@ -85,13 +126,14 @@ def selection_metric(comparison: str) -> str:
 def section(comparison: str) -> list[str]:
     """The tuned comparison as markdown lines for a results page."""
     grid = ", ".join(f"`{k}` ∈ {{{', '.join(f'{v:g}' for v in vs)}}}" for k, vs in GRID.items())
+    models = entries(comparison)  # the first is the softmax model the others are measured against
     extra = OVERRIDES.get(comparison)
     return [f"Every model swept over {grid} on the same step budget, seed 0, selected on validation (a tie: the lower validation loss) "
             f"(`scripts/sweep_comparisons.py --only {comparison}`; `primal sweep`), then the chosen point trained with seeds "
             f"{', '.join(map(str, FINAL_SEEDS))}" + (f"; every run with {', '.join(f'`{o}`' for o in extra)}" if extra else "")
             + ". Test values: mean ± sample std over the final seeds, each seed's evaluation selected on validation; Δ: "
             "Welch 95 % interval of the difference of means, *within noise* when it contains 0 (parity). Trivial baselines on "
-            "the same splits (seeds 0-2).", "", *tuned_section(entries(comparison), baselines(comparison), reference=REFERENCE,
+            "the same splits (seeds 0-2).", "", *tuned_section(models, baselines(comparison), reference=models[0].label,
                                                           metric=selection_metric(comparison))]
 
 
@@ -138,11 +180,17 @@ def main() -> None:
     if args.list:
         for comparison, s in sweeps:
             rep = s.write_report() if s.results() else s.report()  # refreshes the pages' view of a sweep
+            waiting = waiting_for(comparison)
             print(f"{comparison:20s} {s.config.stem:28s} points {len(rep['points'])}/{len(s.points)} "
                   f"chosen {rep['chosen']} finals {rep['final'].get('test_' + rep['selection']['metric'][4:], {}).get('n', 0)}"
-                  f"/{len(s.final_seeds)}")
+                  f"/{len(s.final_seeds)}" + (f"  (waiting: {waiting})" if waiting else ""))
         return
-    while True:
+    for name in list(names):
+        waiting = waiting_for(name)
+        if waiting:
+            print(f"skipping {name}: {waiting}", flush=True)
+            names.remove(name)
+    while names:
         # comparison by comparison: every model's grid first, then every model's final seeds, so that an
         # interrupted session leaves whole comparisons rather than one model far ahead of the others
         done = True

@@ -50,3 +50,34 @@ def test_progress_and_the_not_rerun_note_follow_the_stored_sweeps(tmp_path, monk
     assert tuned.progress("uea/JapaneseVowels") == "complete"
     assert "JapaneseVowels (" not in " ".join(tuned.not_rerun_note(names))
     assert tuned.not_rerun_note({"JapaneseVowels": "uea/JapaneseVowels"}) == []
+
+
+def test_rl_comparisons_wait_for_their_data_and_average_only_when_complete(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("PRIMAL_ATTENTION_CACHE", str(tmp_path / "cache"))
+    tuned = _script(monkeypatch, tmp_path)
+    monkeypatch.setattr(tuned, "RL_DATASETS", ["hopper-medium", "walker2d-medium"])
+    monkeypatch.setattr(tuned, "COMPARISONS", {f"rl/{d}": [f"rl/{d}_dt", f"rl/{d}_primal+"] for d in tuned.RL_DATASETS})
+    assert "collect-rl hopper" in tuned.waiting_for("rl/hopper-medium")
+    (tmp_path / "cache" / "rl" / "hopper-medium-seed0.npz").write_bytes(b"")
+    assert tuned.waiting_for("rl/hopper-medium") is None and tuned.waiting_for("lra/listops") is None
+    assert [e.label for e in tuned.entries("rl/hopper-medium")] == ["DT", "Primal.+DT"]
+
+    def finished(stem: str, scores: list[float]) -> None:
+        store = tmp_path / stem
+        point = {"optim.lr": tuned.GRID["optim.lr"][0]}
+        (store).mkdir(parents=True, exist_ok=True)
+        (store / "sweep.json").write_text(json.dumps({"selection": {"metric": "val_score", "maximize": True},
+                                                      "points": [], "chosen": point, "grid": tuned.GRID}))
+        for seed, score in zip(tuned.FINAL_SEEDS, scores):
+            path = store / "final" / point_name(point) / f"seed_{seed}.json"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps({"test_score": score}))
+
+    finished("hopper-medium_dt", [10.0, 20.0, 30.0])
+    finished("hopper-medium_primal+", [12.0, 22.0, 32.0])
+    finished("walker2d-medium_dt", [30.0, 40.0, 50.0])
+    assert tuned.rl_average() is None  # walker2d-medium's Primal.+DT is missing
+    finished("walker2d-medium_primal+", [30.0, 40.0])
+    assert tuned.rl_average() is None  # one final seed short
+    finished("walker2d-medium_primal+", [30.0, 40.0, 52.0])
+    assert tuned.rl_average() == {"DT": [20.0, 30.0, 40.0], "Primal.+DT": [21.0, 31.0, 42.0]}

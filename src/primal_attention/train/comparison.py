@@ -95,8 +95,8 @@ def _scale(metric: str) -> float:
 
 
 def _digits(metric: str) -> int:
-    """Decimals shown: accuracy in % to 0.1, other metrics (a loss, a score) to 0.001."""
-    return 1 if metric == "acc" else 3
+    """Decimals shown: accuracy in % and RL's normalised score to 0.1, other metrics (a loss) to 0.001."""
+    return 1 if metric in ("acc", "score") else 3
 
 
 def _flattened(o: Outcome) -> str:
