@@ -17,7 +17,6 @@ import torch.nn.functional as F
 from primal_attention.layers import attention_class
 from primal_attention.baselines import (
     BASELINES,
-    LinearAttention,
     LinformerAttention,
     NystromAttention,
     PerformerAttention,

@@ -15,7 +15,7 @@ from primal_attention.data import lra
 from primal_attention.data.base import DataError, SequenceData
 from primal_attention.data.fetch import FetchError, _safe_extract, fetch_debian_package, fetch_pypi_sdist
 from primal_attention.data.idx import read_idx
-from primal_attention.data.lra.listops_gen import VOCABS, evaluate, tokenize
+from primal_attention.data.lra.listops_gen import VOCABS, evaluate
 from primal_attention.data.lra.retrieval import retrieval_corpus
 
 
