@@ -218,9 +218,9 @@ def _changes(system: System, tuned_values: dict[str, list[float]], earlier: dict
         before, after = earlier.get(label, []), tuned_values[label]
         line = f"- {system.name}, {label}: {value_cell(before, digits) if before else '–'} → {value_cell(after, digits)}"
         if label != "Transformer":
-            was = _verdict(before, earlier.get("Transformer", []), base, system.maximize, earlier)[1]
-            now = _verdict(after, tuned_values.get("Transformer", []), base, system.maximize, tuned_values)[1]
-            line += f"; verdict: {was} → {now}" + ("" if was != now else " (unchanged)")
+            was_d, was = _verdict(before, earlier.get("Transformer", []), base, system.maximize, earlier)
+            now_d, now = _verdict(after, tuned_values.get("Transformer", []), base, system.maximize, tuned_values)
+            line += f"; Δ vs Transformer {was_d} → {now_d}; verdict: {was} → {now}" + ("" if was != now else " (unchanged)")
         out.append(line)
     return out
 
