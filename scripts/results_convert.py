@@ -128,8 +128,6 @@ class Study:
                 print(f"[{task.name}] retrained seed {seed}: test {task.metric} {metrics[f'test_{task.metric}']:.5f} "
                       f"(stored {before[f'test_{task.metric}']:.5f})", flush=True)
             else:
-                if metrics.get("cpu_time_s") is not None:  # else unknown (an older run): the page shows its wall time
-                    metrics["cpu_s"] = metrics["cpu_time_s"]
                 metrics["command"] = shlex.join(["primal", "train", str(task.original), "--out", str(work), "--seeds",
                                                  str(seed), "--resume"] + [x for o in task.overrides for x in ("--set", o)])
                 store.parent.mkdir(parents=True, exist_ok=True)
@@ -176,12 +174,7 @@ class Study:
         sets = [*task.overrides, "train.epochs=null", f"train.steps={total}",
                 f"train.eval_every={max(1, total // 6)}"]
         store = self.store / task.name / f"scratch_{layers}" / f"seed_{seed}.json"
-        fresh = not store.is_file()
-        metrics = run_stored(ROOT / task.scratch[layers], store, self.work / task.name / f"scratch_{layers}", seed, sets)
-        if fresh and metrics.get("cpu_time_s") is not None:  # else unknown (an older run): wall time shown
-            metrics["cpu_s"] = metrics["cpu_time_s"]
-            store.write_text(json.dumps(metrics, indent=2))
-        return metrics
+        return run_stored(ROOT / task.scratch[layers], store, self.work / task.name / f"scratch_{layers}", seed, sets)
 
     def cells(self, task: Task) -> list[tuple[str, tuple]]:
         out = []
@@ -264,8 +257,10 @@ class Study:
         walls: list[bool] = []
 
         def seconds(runs: list[dict]) -> tuple[list[float], bool]:
-            """CPU seconds of trained runs; wall seconds (flagged) where a run's CPU time is unknown."""
-            return [r.get("cpu_s", r["wall_time_s"]) for r in runs], any("cpu_s" not in r for r in runs)
+            """CPU seconds of trained runs (the trainer's ``cpu_time_s``; ``cpu_s`` in records stored before
+            it kept them); wall seconds, flagged, where a run's CPU time is unknown."""
+            cpu = [r.get("cpu_s", r.get("cpu_time_s")) for r in runs]
+            return [r["wall_time_s"] if c is None else c for c, r in zip(cpu, runs)], None in cpu
 
         def row(label: str, values: list[float], ppl: list[float], steps: str, cpu: list[float],
                 scratch: list[float] | None, wall: bool = False) -> str:
@@ -345,9 +340,9 @@ class Study:
             if published:
                 pub = [json.loads(p.read_text()) for p in sorted((ROOT / published).glob("seed_*.json"))]
                 if pub:
+                    cpu, wall = seconds(pub)
                     lines.append(row("scratch, 1 500 steps (lm.md)", [r[f"test_{m}"] for r in pub],
-                                     [r.get("test_ppl", 0) for r in pub], "1500", [r["wall_time_s"] for r in pub], None,
-                                     True))
+                                     [r.get("test_ppl", 0) for r in pub], "1500", cpu, None, wall))
         if any(walls):
             lines += ["", "† wall-clock seconds (one thread, other jobs beside it) for runs whose CPU time was not "
                           "recorded (trained before the trainer kept CPU time, or resumed across sessions before that)."]

@@ -50,7 +50,7 @@ def test_tiny_classifier_grid_runs_and_resumes(tmp_path) -> None:
     page = (tmp_path / "convert.md").read_text()
     assert "| (iii) transfer + fine-tune | 1 |" in page and "uea: original" not in page
     assert "## Language model" in page  # a --tasks uea run keeps the other task's section on the page
-    assert original["cpu_s"] == original["cpu_time_s"] > 0 and scratch["cpu_s"] == scratch["cpu_time_s"] > 0
+    assert original["cpu_time_s"] > 0 and scratch["cpu_time_s"] > 0  # the trainer's, kept across resumes
     assert "†" not in page.split("## Classifier")[1].split("## Decoding")[0]  # every CPU time here is known
     stamp = (store / "original" / "seed_0.json").stat().st_mtime_ns
     _script().main(args)  # everything stored: nothing runs again
