@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from primal_attention.train.comparison import Entry, below_baseline, clears_baseline, outcome, tuned_section
+from primal_attention.train.comparison import Entry, at_grid_edge, below_baseline, clears_baseline, outcome, tuned_section
 from primal_attention.train.sweep import Sweep, point_name
 
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "uea" / "JapaneseVowels_primal+.yaml"
@@ -19,13 +19,14 @@ def write(path: Path, record: dict) -> None:
     path.write_text(json.dumps(record))
 
 
-def store(tmp: Path, name: str, vals: dict[float, float], finals: list[float] | None, rising: bool = False) -> Entry:
+def store(tmp: Path, name: str, vals: dict[float, float], finals: list[float] | None, rising: bool = False,
+          grid: dict[str, list[float]] = GRID) -> Entry:
     root = tmp / name
     for lr, val in vals.items():
         write(root / "points" / point_name({"optim.lr": lr}) / "seed_0.json",
               {"name": name, "best_val_acc": val, "test_acc": val, "wall_time_s": 1.0,
                "selection": {"metric": "acc", "maximize": True}})
-    sweep = Sweep(CONFIG, GRID, root, overrides=TINY)
+    sweep = Sweep(CONFIG, grid, root, overrides=TINY)
     chosen = sweep.chosen()
     if chosen is not None and finals:
         history = [{"val_acc": 0.5}, {"val_acc": 0.9 if rising else 0.7}, {"val_acc": 1.0 if rising else 0.6}]
@@ -71,3 +72,18 @@ def test_a_loss_comparison_before_any_sweep_shows_the_loss_and_its_baselines(tmp
     assert "validation loss per optim.lr" in lines[0]
     assert any("| *trivial: bigram* (bigram model) | – | 3 | 4.784 ± 0.000 |" in line for line in lines)
     assert sum("not run yet" in line for line in lines) == 2
+
+
+def test_a_choice_at_the_edge_of_a_finished_grid_is_flagged(tmp_path: Path) -> None:
+    grid = {"optim.lr": [1e-4, 1e-3, 1e-2]}
+    top = store(tmp_path, "PrimalFormer", {1e-4: 0.5, 1e-3: 0.6, 1e-2: 0.7}, [0.7], grid=grid)
+    inner = store(tmp_path, "Transformer", {1e-4: 0.5, 1e-3: 0.8, 1e-2: 0.7}, [0.8], grid=grid)
+    low = store(tmp_path, "Primal.+Trans.", {1e-4: 0.9, 1e-3: 0.8, 1e-2: 0.7}, [0.9], grid=grid)
+    unfinished = store(tmp_path, "half", {1e-4: 0.9}, None, grid=grid)
+    two = store(tmp_path, "two", {1e-4: 0.9, 1e-3: 0.8}, [0.9])  # a two-value grid has no inside
+    assert at_grid_edge(outcome(top)) == "optim.lr 0.01, the largest"
+    assert at_grid_edge(outcome(low)) == "optim.lr 0.0001, the smallest"
+    assert at_grid_edge(outcome(inner)) == at_grid_edge(outcome(unfinished)) == at_grid_edge(outcome(two)) == ""
+    lines = tuned_section([inner, top, low], {}, reference="Transformer")
+    assert lines[-1].startswith("**Chosen at the edge of the grid**")
+    assert "PrimalFormer (optim.lr 0.01, the largest); Primal.+Trans. (optim.lr 0.0001, the smallest)." in lines[-1]

@@ -17,7 +17,8 @@ from typing import Any
 
 from primal_attention.train.stats import value_cell, welch_difference
 
-__all__ = ["Entry", "Outcome", "baselines_for", "below_baseline", "clears_baseline", "outcome", "tuned_section"]
+__all__ = ["Entry", "Outcome", "at_grid_edge", "baselines_for", "below_baseline", "clears_baseline", "outcome",
+           "tuned_section"]
 
 
 @dataclass(frozen=True)
@@ -43,7 +44,14 @@ class Outcome:
     best_test: list[float]
     final_test: list[float]
     histories: list[list[dict[str, float]]]
-    grid_size: int
+    grid: dict[str, list[Any]]
+
+    @property
+    def grid_size(self) -> int:
+        size = 1
+        for values in self.grid.values():
+            size *= len(values)
+        return size
 
 
 def outcome(entry: Entry) -> Outcome | None:
@@ -57,13 +65,10 @@ def outcome(entry: Entry) -> Outcome | None:
 
     finals = [] if rep["chosen"] is None else \
         [json.loads(p.read_text()) for p in sorted((entry.store / "final" / point_name(rep["chosen"])).glob("seed_*.json"))]
-    grid_size = 1
-    for values in rep["grid"].values():
-        grid_size *= len(values)
     take = lambda key: [float(f[key]) for f in finals if key in f]  # noqa: E731
     return Outcome(entry, metric, rep["selection"]["maximize"], rep["points"], rep["chosen"], take(f"test_{metric}"),
                    take(f"best_test_{metric}"), take(f"final_test_{metric}"), [f.get("history", []) for f in finals],
-                   grid_size)
+                   rep["grid"])
 
 
 def baselines_for(config: Path, seeds: Sequence[int], cache: Path, overrides: Sequence[str] = ()) -> dict[str, Any]:
@@ -161,7 +166,27 @@ def tuned_section(entries: Sequence[Entry], baselines: dict[str, Any], *, refere
     if flags:
         lines += ["", "**At or below a trivial baseline** (mean val-selected test within one std of, or under, the best "
                       "trivial baseline): " + "; ".join(flags) + "."]
+    edges = [f"{label} ({edge})" for label, o in outcomes.items() if o is not None and (edge := at_grid_edge(o))]
+    if edges:
+        lines += ["", "**Chosen at the edge of the grid** (the best value may lie outside it; the grid was not "
+                      "widened, so every model keeps the same budget): " + "; ".join(edges) + "."]
     return lines
+
+
+def at_grid_edge(o: Outcome) -> str:
+    """Which swept keys the finished grid's choice puts at their smallest or largest value (numeric keys of
+    more than two values only), e.g. ``"optim.lr 0.003, the largest"``; "" if none or not finished."""
+    if o.chosen is None or len(o.points) < o.grid_size:
+        return ""
+    out = []
+    for key, values in o.grid.items():
+        if len(values) < 3 or not all(isinstance(v, int | float) for v in values) or key not in o.chosen:
+            continue
+        if o.chosen[key] == min(values):
+            out.append(f"{key} {o.chosen[key]:g}, the smallest")
+        elif o.chosen[key] == max(values):
+            out.append(f"{key} {o.chosen[key]:g}, the largest")
+    return "; ".join(out)
 
 
 def clears_baseline(values: Sequence[float], best: float, maximize: bool) -> bool:
