@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import time
 from pathlib import Path
@@ -28,7 +29,8 @@ from primal_attention.train.sweep import Sweep
 ROOT = Path(__file__).resolve().parents[1]
 STORE = ROOT / "docs" / "results" / "sweeps"
 WORK = ROOT / "runs" / "sweeps"
-#: one grid for every model: the authors' LRA lr (1e-4) up to 30x it.
+#: one grid for every model: the authors' LRA lr (1e-4) up to 30x it. Where a model's choice on it lies at
+#: an edge, every model of that comparison also gets the next value beyond that edge (once; see grid_for).
 GRID = {"optim.lr": [1e-4, 3e-4, 1e-3, 3e-3]}
 #: comparison -> its configs (one per model); the issue's priority first: ListOps, Image, Fashion-MNIST
 #: vision, JapaneseVowels; breadth after.
@@ -123,9 +125,36 @@ def selection_metric(comparison: str) -> str:
     return get_family(cfg.data.family).task.select
 
 
+def beyond(value: float, up: bool) -> float:
+    """The next value of the 1-3-10 ladder above (``up``) or below ``value``: 3e-3 -> 1e-2, 1e-4 -> 3e-5."""
+    exponent = math.floor(math.log10(value) + 1e-9)
+    mantissa = round(value / 10 ** exponent)
+    if up:
+        return float(f"{3 * 10 ** exponent if mantissa < 3 else 10 ** (exponent + 1):.1g}")
+    return float(f"{10 ** exponent if mantissa >= 3 else 3 * 10 ** (exponent - 1):.1g}")
+
+
+def grid_for(comparison: str) -> dict[str, list[float]]:
+    """The learning rates every model of ``comparison`` is swept over: GRID, widened by one step beyond an
+    edge once every model's GRID sweep is complete and some model chose that edge (on validation), so
+    that no model's choice is cut off by the grid while all keep the same grid and budget."""
+    lrs = GRID["optim.lr"]
+    chosen = [base_sweep(config, comparison).chosen() for config in COMPARISONS[comparison]]
+    if any(c is None for c in chosen):
+        return GRID
+    picked = {c.point["optim.lr"] for c in chosen}
+    low = [beyond(lrs[0], up=False)] if lrs[0] in picked else []
+    high = [beyond(lrs[-1], up=True)] if lrs[-1] in picked else []
+    return {"optim.lr": [*low, *lrs, *high]}
+
+
 def section(comparison: str) -> list[str]:
     """The tuned comparison as markdown lines for a results page."""
     grid = ", ".join(f"`{k}` ∈ {{{', '.join(f'{v:g}' for v in vs)}}}" for k, vs in GRID.items())
+    added = [v for v in grid_for(comparison)["optim.lr"] if v not in GRID["optim.lr"]]
+    if added:
+        grid += (f", widened for every model by {', '.join(f'{v:g}' for v in added)} (a model's choice on the first grid "
+                 "lay at its edge)")
     models = entries(comparison)  # the first is the softmax model the others are measured against
     extra = OVERRIDES.get(comparison)
     return [f"Every model swept over {grid} on the same step budget, seed 0, selected on validation (a tie: the lower validation loss) "
@@ -160,10 +189,16 @@ def not_rerun_note(names: dict[str, str]) -> list[str]:
             "`scripts/sweep_comparisons.py --only <comparison>` runs one (resumable).", ""]
 
 
-def sweep_for(config: str, comparison: str) -> Sweep:
+def base_sweep(config: str, comparison: str, grid: dict[str, list[float]] = GRID) -> Sweep:
+    """The sweep of one model of ``comparison`` over ``grid`` (its store and run folders)."""
     stem = config.split("/")[-1]
-    return Sweep(ROOT / "configs" / f"{config}.yaml", GRID, WORK / stem, STORE / stem, sweep_seed=0,
-                 final_seeds=(0, 1, 2), overrides=tuple(OVERRIDES.get(comparison, [])), threads=1)
+    return Sweep(ROOT / "configs" / f"{config}.yaml", grid, WORK / stem, STORE / stem, sweep_seed=0,
+                 final_seeds=FINAL_SEEDS, overrides=tuple(OVERRIDES.get(comparison, [])), threads=1)
+
+
+def sweep_for(config: str, comparison: str) -> Sweep:
+    """The sweep of one model of ``comparison`` over the comparison's grid (:func:`grid_for`)."""
+    return base_sweep(config, comparison, grid_for(comparison))
 
 
 def main() -> None:
@@ -195,8 +230,10 @@ def main() -> None:
         # interrupted session leaves whole comparisons rather than one model far ahead of the others
         done = True
         for name in names:
-            group = [s for c, s in sweeps if c == name]
+            group = [sweep_for(config, name) for config in COMPARISONS[name]]
             grids = [s.step(finals=False) for s in group]
+            if all(grids) and (wider := [sweep_for(config, name) for config in COMPARISONS[name]])[0].grid != group[0].grid:
+                group, grids = wider, [s.step(finals=False) for s in wider]  # the grid widened just now
             done &= all([s.step() for s in group]) if all(grids) else False
         if done:
             return

@@ -41,8 +41,8 @@ def test_progress_and_the_not_rerun_note_follow_the_stored_sweeps(tmp_path, monk
     _store(points / point_name({"optim.lr": lrs[0]}) / "seed_0.json", 0.5)
     assert tuned.progress("uea/JapaneseVowels") == "in progress"
     for i, lr in enumerate(lrs[1:]):
-        _store(points / point_name({"optim.lr": lr}) / "seed_0.json", 0.6 + i / 100)
-    best = point_name({"optim.lr": lrs[-1]})
+        _store(points / point_name({"optim.lr": lr}) / "seed_0.json", 0.7 - i / 100)
+    best = point_name({"optim.lr": lrs[1]})  # inside the grid: no widening
     for seed in tuned.FINAL_SEEDS[1:]:
         assert tuned.progress("uea/JapaneseVowels") == "in progress"
         _store(tmp_path / "JapaneseVowels_transformer" / "final" / best / f"seed_{seed}.json", 0.6)
@@ -81,3 +81,27 @@ def test_rl_comparisons_wait_for_their_data_and_average_only_when_complete(tmp_p
     assert tuned.rl_average() is None  # one final seed short
     finished("walker2d-medium_primal+", [30.0, 40.0, 52.0])
     assert tuned.rl_average() == {"DT": [20.0, 30.0, 40.0], "Primal.+DT": [21.0, 31.0, 42.0]}
+
+
+def test_a_choice_at_an_edge_widens_the_grid_of_every_model_once(tmp_path, monkeypatch) -> None:
+    tuned = _script(monkeypatch, tmp_path)
+    monkeypatch.setattr(tuned, "COMPARISONS", {"uea/JapaneseVowels": ["uea/JapaneseVowels_transformer",
+                                                                      "uea/JapaneseVowels_primal+"]})
+    assert [tuned.beyond(v, up=True) for v in (1e-4, 3e-4, 3e-3)] == [3e-4, 1e-3, 1e-2]
+    assert [tuned.beyond(v, up=False) for v in (1e-4, 3e-4, 1e-3)] == [3e-5, 1e-4, 3e-4]
+    lrs = tuned.GRID["optim.lr"]
+    for i, lr in enumerate(lrs):  # the Transformer prefers the middle, Primal.+ the largest rate
+        _store(tmp_path / "JapaneseVowels_transformer" / "points" / point_name({"optim.lr": lr}) / "seed_0.json",
+               [0.5, 0.9, 0.8, 0.7][i])
+        if lr != lrs[-1]:
+            _store(tmp_path / "JapaneseVowels_primal+" / "points" / point_name({"optim.lr": lr}) / "seed_0.json", 0.5 + i / 10)
+    assert tuned.grid_for("uea/JapaneseVowels") == tuned.GRID  # one model's grid is not complete yet
+    _store(tmp_path / "JapaneseVowels_primal+" / "points" / point_name({"optim.lr": lrs[-1]}) / "seed_0.json", 0.95)
+    wide = tuned.grid_for("uea/JapaneseVowels")
+    assert wide == {"optim.lr": [*lrs, 1e-2]}  # for both models, not only the one at the edge
+    assert all(tuned.sweep_for(c, "uea/JapaneseVowels").grid == wide for c in tuned.COMPARISONS["uea/JapaneseVowels"])
+    assert tuned.progress("uea/JapaneseVowels") == "in progress"  # the new point is not trained
+    # a choice at the widened edge does not widen again: the page flags it instead
+    _store(tmp_path / "JapaneseVowels_primal+" / "points" / point_name({"optim.lr": 1e-2}) / "seed_0.json", 0.99)
+    assert tuned.grid_for("uea/JapaneseVowels") == wide
+    assert tuned.sweep_for("uea/JapaneseVowels_primal+", "uea/JapaneseVowels").chosen().point == {"optim.lr": 1e-2}
