@@ -87,3 +87,20 @@ def test_a_choice_at_the_edge_of_a_finished_grid_is_flagged(tmp_path: Path) -> N
     lines = tuned_section([inner, top, low], {}, reference="Transformer")
     assert lines[-1].startswith("**Chosen at the edge of the grid**")
     assert "PrimalFormer (optim.lr 0.01, the largest); Primal.+Trans. (optim.lr 0.0001, the smallest)." in lines[-1]
+
+
+def test_a_verdict_is_read_against_the_papers_claim() -> None:
+    from primal_attention.train.comparison import verdict_against_claim
+
+    assert verdict_against_claim("better", "better") == "reproduced (better)"
+    assert verdict_against_claim("within noise", "parity") == "reproduced (parity)"
+    assert verdict_against_claim("worse", "worse") == "reproduced (worse)"  # the paper's PrimalFormer on Pathfinder
+    assert verdict_against_claim("better", "parity") == "not reproduced (better; the paper: parity)"
+    assert verdict_against_claim("within noise", "better") == "not reproduced (parity; the paper: better)"
+    assert verdict_against_claim("within noise", "not worse") == "reproduced (parity)"
+    assert verdict_against_claim("worse", "not worse") == "not reproduced (worse; the paper: not worse)"
+    assert verdict_against_claim("better", None) == "better (no claim in the paper)"
+    import pytest
+
+    with pytest.raises(ValueError, match="claimed must be one of"):
+        verdict_against_claim("better", "much better")

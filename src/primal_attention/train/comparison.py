@@ -17,8 +17,8 @@ from typing import Any
 
 from primal_attention.train.stats import value_cell, welch_difference
 
-__all__ = ["Entry", "Outcome", "at_grid_edge", "baselines_for", "below_baseline", "clears_baseline", "outcome",
-           "tuned_section"]
+__all__ = ["CLAIM_DIRECTIONS", "Entry", "Outcome", "at_grid_edge", "baselines_for", "below_baseline",
+           "clears_baseline", "outcome", "still_improving", "tuned_section", "verdict_against_claim"]
 
 
 @dataclass(frozen=True)
@@ -104,22 +104,28 @@ def _digits(metric: str) -> int:
     return 1 if metric in ("acc", "score") else 3
 
 
-def _flattened(o: Outcome) -> str:
-    """Whether the selected validation curve had flattened: in how many final seeds the best validation
-    evaluation came before the last one."""
+def still_improving(o: Outcome) -> tuple[int, int]:
+    """(k, n): in k of the n final seeds with a history, the best validation evaluation was the last one
+    (the selected validation curve had not flattened by the end of the schedule)."""
     key = f"val_{o.metric}"
     seen = [h for h in o.histories if h and key in h[-1]]
-    if not seen:
-        return "–"
     better = (lambda a, b: a > b) if o.maximize else (lambda a, b: a < b)  # noqa: E731
-    early = 0
+    rising = 0
     for h in seen:
         best = 0
         for i, row in enumerate(h):
             if better(row[key], h[best][key]):
                 best = i
-        early += best < len(h) - 1
-    return f"{early}/{len(seen)} flat" if early == len(seen) else f"{len(seen) - early}/{len(seen)} still improving"
+        rising += best == len(h) - 1
+    return rising, len(seen)
+
+
+def _flattened(o: Outcome) -> str:
+    """Whether the selected validation curve had flattened, as a table cell."""
+    rising, n = still_improving(o)
+    if not n:
+        return "–"
+    return f"{n}/{n} flat" if not rising else f"{rising}/{n} still improving"
 
 
 def _grid_cell(o: Outcome) -> str:
@@ -168,8 +174,8 @@ def tuned_section(entries: Sequence[Entry], baselines: dict[str, Any], *, refere
                       "trivial baseline): " + "; ".join(flags) + "."]
     edges = [f"{label} ({edge})" for label, o in outcomes.items() if o is not None and (edge := at_grid_edge(o))]
     if edges:
-        lines += ["", "**Chosen at the edge of the grid** (the best value may lie outside it; the grid was not "
-                      "widened, so every model keeps the same budget): " + "; ".join(edges) + "."]
+        lines += ["", "**Chosen at the edge of the grid** (the best value may lie outside it; a grid is widened "
+                      "at most once, by one step, the same for every model of the comparison): " + "; ".join(edges) + "."]
     return lines
 
 
@@ -214,3 +220,22 @@ def below_baseline(entries: Sequence[Entry], baselines: dict[str, Any]) -> list[
             k = _digits(o.metric)
             out.append(f"{e.label} ({s * statistics.mean(o.test):.{k}f} vs {name} {s * best:.{k}f})")
     return out
+
+
+#: what a paper's claim can say of a primal model against the Transformer.
+CLAIM_DIRECTIONS = ("better", "parity", "worse", "not worse")
+
+
+def verdict_against_claim(measured: str, claimed: str | None) -> str:
+    """A verdict word from what was measured (a :class:`~primal_attention.train.stats.Difference`'s verdict:
+    "better", "within noise" or "worse") and what the paper claims (one of CLAIM_DIRECTIONS, or None where
+    the paper makes no claim): "reproduced (parity)", "not reproduced (better; the paper: parity)",
+    "worse (no claim in the paper)"."""
+    found = {"better": "better", "within noise": "parity", "worse": "worse"}[measured]
+    if claimed is None:
+        return f"{found} (no claim in the paper)"
+    if claimed not in CLAIM_DIRECTIONS:
+        raise ValueError(f"claimed must be one of {', '.join(CLAIM_DIRECTIONS)} or None, got {claimed!r}")
+    if found == claimed or (claimed == "not worse" and found != "worse"):
+        return f"reproduced ({found})"
+    return f"not reproduced ({found}; the paper: {claimed})"
