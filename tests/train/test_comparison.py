@@ -56,6 +56,8 @@ def test_tuned_section_rows_choice_interval_and_baselines(tmp_path: Path) -> Non
     # the Transformer's 61.0 ± 1.0 is not clearly above the majority class's 61.0
     assert below_baseline([ref, better, partial], baselines) == ["Transformer (61.0 vs majority 61.0)"]
     assert "**At or below a trivial baseline**" in text
+    assert "**Validation still rising at the end of the schedule** (the selected evaluation was the last one): " \
+           "PrimalFormer (3/3 seeds)." in text
 
 
 def test_outcome_of_a_sweep_not_started_and_the_baseline_rule(tmp_path: Path) -> None:

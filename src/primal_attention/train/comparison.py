@@ -172,6 +172,11 @@ def tuned_section(entries: Sequence[Entry], baselines: dict[str, Any], *, refere
     if flags:
         lines += ["", "**At or below a trivial baseline** (mean val-selected test within one std of, or under, the best "
                       "trivial baseline): " + "; ".join(flags) + "."]
+    rising = [f"{label} ({k}/{n} seeds)" for label, o in outcomes.items() if o is not None
+              for k, n in [still_improving(o)] if k]
+    if rising:
+        lines += ["", "**Validation still rising at the end of the schedule** (the selected evaluation was the last one): "
+                      + "; ".join(rising) + ". The comparison holds for this budget only; a longer schedule may change it."]
     edges = [f"{label} ({edge})" for label, o in outcomes.items() if o is not None and (edge := at_grid_edge(o))]
     if edges:
         lines += ["", "**Chosen at the edge of the grid** (the best value may lie outside it; a grid is widened "
