@@ -20,6 +20,7 @@ import argparse
 import json
 import statistics
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -69,6 +70,31 @@ def write_behaviour_baseline(cs: dict[str, dict]) -> None:
                                     indent=2) + "\n")
 
 
+def collect_command(card: dict) -> str:
+    """The ``primal data collect-rl`` command that made a card's datasets: the options that differ from the
+    defaults (the card's own record of its settings)."""
+    from primal_attention.data.rl_collect import CollectConfig
+
+    defaults = asdict(CollectConfig(env=card["env"]))
+    flags = [f"--{key.replace('_', '-')} {value:g}" if isinstance(value, float) else f"--{key.replace('_', '-')} {value}"
+             for key, value in card.get("config", {}).items()
+             if key not in ("env", "threads", "rollout_envs") and key in defaults and value != defaults[key]]
+    return " ".join(["primal data collect-rl", card["env"], *flags])
+
+
+def kept_card_sections() -> dict[str, str]:
+    """The page's own record of each environment's collection (its "**env** ..." paragraph and table)."""
+    old = PAGE.read_text() if PAGE.is_file() else ""
+    text = old.split("## Collected datasets\n", 1)[1] if "## Collected datasets\n" in old else ""
+    out: dict[str, str] = {}
+    for block in text.split("\n**"):
+        block = block.strip().removeprefix("**")
+        env = block.split("**", 1)[0]
+        if env in D4RL_SCORES:
+            out[env] = f"**{block}".strip()
+    return out
+
+
 def collected(env: str, dataset: str) -> bool:
     return (cache_dir("rl") / f"{env}-{dataset}-seed0.npz").is_file()
 
@@ -113,7 +139,8 @@ def write_page() -> None:
     lines = [
         "# Offline RL: DT vs Primal.+DT on D4RL-style MuJoCo datasets collected here",
         "",
-        "Regenerate: `primal data collect-rl ENV` per environment, then `.venv/bin/python scripts/results_rl.py`",
+        "Regenerate: `primal data collect-rl ENV --expert-steps 200000` per environment (the budget of the",
+        "datasets below; each environment's line gives its command where its card records it), then `.venv/bin/python scripts/results_rl.py`",
         "(resumable; `--table-only` rewrites this page from `docs/results/rl_runs/`). Configs:",
         "`configs/rl/<env>-<dataset>_{dt,primal+}.yaml` (the authors' settings), run with the CPU schedule below.",
         "",
@@ -158,14 +185,20 @@ def write_page() -> None:
               "## Collected datasets", ""]
     cs = cards()
     write_behaviour_baseline(cs)
-    if not cs:
-        # The cards live in the data cache; a machine without it keeps the page's own record of them.
-        old = PAGE.read_text() if PAGE.is_file() else ""
-        kept = old.split("## Collected datasets\n", 1)[1].strip() if "## Collected datasets\n" in old else ""
-        lines.append(kept if kept and "no collection card" not in kept else "*(no collection card in this machine's cache)*")
-    for env, card in cs.items():
+    # The cards live in the data cache; for an environment whose card this machine lacks, the page keeps
+    # its own record of it.
+    kept = kept_card_sections()
+    if not cs and not kept:
+        lines.append("*(no collection card in this machine's cache)*")
+    for env in D4RL_SCORES:
+        if env not in cs:
+            if env in kept:
+                lines += [kept[env], ""]
+            continue
+        card = cs[env]
         med = card["medium_policy"]
-        lines += [f"**{env}** ({card['gymnasium_env']}, seed {card['seed']}): SAC {card['sac']['steps']} steps "
+        lines += [f"**{env}** ({card['gymnasium_env']}, seed {card['seed']}; `{collect_command(card)}`): "
+                  f"SAC {card['sac']['steps']} steps "
                   f"({card['sac']['cpu_seconds'] / 60:.0f} CPU min); medium policy at {med['steps']} steps (eval return "
                   f"{med['return']:.0f}, target {med['target']:.0f}{'' if med['reached'] else ', not reached'}); "
                   f"\"expert\" at {card['expert_policy']['steps']} steps (eval return {card['expert_policy']['return']:.0f}; "
