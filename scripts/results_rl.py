@@ -124,7 +124,10 @@ def tuned_lines() -> list[str]:
     the average over the datasets once all are done, and what is not rerun yet."""
     lines = ["## Tuned comparison: per-model learning rate (validation rollouts select)", "",
              "Each dataset: `scripts/sweep_comparisons.py --only rl/<env>-<dataset>` (the CPU schedule above, each dataset collected first; "
-             "the trivial baseline is the behaviour policy, the dataset's own episodes).", ""]
+             "the trivial baseline is the behaviour policy, the dataset's own episodes, read from the card of the data "
+             "these runs used). A dataset collected again need not retrace the collection behind the earlier runs "
+             "below (SAC did not retrace it for hopper here), so compare a tuned row with an earlier one only "
+             "through each one's behaviour baseline.", ""]
     for d in tuned.RL_DATASETS:
         if tuned.progress(f"rl/{d}") != "not started":
             lines += [f"### {d}", "", *tuned.section(f"rl/{d}"), ""]

@@ -106,14 +106,33 @@ def baselines(comparison: str) -> dict:
     """Trivial baselines of ``comparison`` on the final seeds' holdout splits (cached in docs/results/baselines);
     for an RL dataset, the behaviour policy: the normalised return of the dataset's own episodes."""
     if comparison.startswith("rl/"):
-        path = BASELINES / "rl_behaviour.json"
-        scores = json.loads(path.read_text())["per_dataset"] if path.is_file() else {}
         name = comparison.removeprefix("rl/")
+        scores = collected_behaviour(name)
         return {"behaviour": {"what": "the dataset's own episodes (mean D4RL-normalised return)",
                               "test_score": [scores[name]]}} if name in scores else {}
     first = ROOT / "configs" / f"{COMPARISONS[comparison][0]}.yaml"
     return baselines_for(first, FINAL_SEEDS, BASELINES / f"{comparison.replace('/', '_')}.json",
                          OVERRIDES.get(comparison, []))
+
+
+#: per RL dataset, the behaviour policy's normalised score read from the collection card of the data the
+#: tuned runs use (a re-collection need not retrace an earlier one, so the earlier pages' scores are not used).
+COLLECTED_BEHAVIOUR = BASELINES / "rl_collected_behaviour.json"
+
+
+def collected_behaviour(name: str) -> dict[str, float]:
+    """The recorded behaviour scores per RL dataset, first updated from ``name``'s collection card when this
+    machine's cache has it (kept in COLLECTED_BEHAVIOUR so that a machine without the data still shows it)."""
+    recorded = json.loads(COLLECTED_BEHAVIOUR.read_text()) if COLLECTED_BEHAVIOUR.is_file() else {}
+    env, _, dataset = name.partition("-")
+    card = dataset_file(name).parent / f"{env}-seed0-card.json"
+    if card.is_file():
+        score = json.loads(card.read_text())["datasets"].get(dataset, {}).get("score_mean")
+        if score is not None and recorded.get(name) != score:
+            recorded[name] = score
+            COLLECTED_BEHAVIOUR.parent.mkdir(parents=True, exist_ok=True)
+            COLLECTED_BEHAVIOUR.write_text(json.dumps(dict(sorted(recorded.items())), indent=2) + "\n")
+    return recorded
 
 
 def selection_metric(comparison: str) -> str:

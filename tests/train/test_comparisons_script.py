@@ -105,3 +105,18 @@ def test_a_choice_at_an_edge_widens_the_grid_of_every_model_once(tmp_path, monke
     _store(tmp_path / "JapaneseVowels_primal+" / "points" / point_name({"optim.lr": 1e-2}) / "seed_0.json", 0.99)
     assert tuned.grid_for("uea/JapaneseVowels") == wide
     assert tuned.sweep_for("uea/JapaneseVowels_primal+", "uea/JapaneseVowels").chosen().point == {"optim.lr": 1e-2}
+
+
+def test_an_rl_baseline_comes_from_the_card_of_the_data_in_use_and_is_kept(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("PRIMAL_ATTENTION_CACHE", str(tmp_path / "cache"))
+    tuned = _script(monkeypatch, tmp_path)
+    monkeypatch.setattr(tuned, "COLLECTED_BEHAVIOUR", tmp_path / "baselines" / "rl_collected_behaviour.json")
+    assert tuned.baselines("rl/hopper-medium") == {}  # no card, nothing recorded: no baseline rather than a stale one
+    card = tmp_path / "cache" / "rl" / "hopper-seed0-card.json"
+    card.parent.mkdir(parents=True, exist_ok=True)
+    card.write_text(json.dumps({"datasets": {"medium": {"score_mean": 64.9}, "medium-replay": {"score_mean": 9.0}}}))
+    assert tuned.baselines("rl/hopper-medium")["behaviour"]["test_score"] == [64.9]
+    assert tuned.baselines("rl/hopper-medium-replay")["behaviour"]["test_score"] == [9.0]
+    card.unlink()  # a machine without the data keeps what the card said
+    assert tuned.baselines("rl/hopper-medium")["behaviour"]["test_score"] == [64.9]
+    assert json.loads(tuned.COLLECTED_BEHAVIOUR.read_text()) == {"hopper-medium": 64.9, "hopper-medium-replay": 9.0}
