@@ -76,7 +76,7 @@ def collect_command(card: dict) -> str:
     from primal_attention.data.rl_collect import CollectConfig
 
     defaults = asdict(CollectConfig(env=card["env"]))
-    flags = [f"--{key.replace('_', '-')} {value:g}" if isinstance(value, float) else f"--{key.replace('_', '-')} {value}"
+    flags = [f"--{key.replace('_', '-')} {f'{value:g}' if isinstance(value, float) else value}"
              for key, value in card.get("config", {}).items()
              if key not in ("env", "threads", "rollout_envs") and key in defaults and value != defaults[key]]
     return " ".join(["primal data collect-rl", card["env"], *flags])

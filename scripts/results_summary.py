@@ -136,7 +136,7 @@ CLAIMED = {
 def _rl_collected_baseline() -> tuple[str, float] | None:
     """The behaviour policy's score averaged over the RL datasets, from the cards of the data the tuned runs
     used; None until every dataset's is recorded."""
-    scores = tuned.collected_behaviour(RL_DATASETS[0])
+    scores = tuned.collected_behaviour()
     if not all(d in scores for d in RL_DATASETS):
         return None
     mean = statistics.mean(scores[d] for d in RL_DATASETS)

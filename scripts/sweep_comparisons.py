@@ -107,7 +107,7 @@ def baselines(comparison: str) -> dict:
     for an RL dataset, the behaviour policy: the normalised return of the dataset's own episodes."""
     if comparison.startswith("rl/"):
         name = comparison.removeprefix("rl/")
-        scores = collected_behaviour(name)
+        scores = collected_behaviour()
         return {"behaviour": {"what": "the dataset's own episodes (mean D4RL-normalised return)",
                               "test_score": [scores[name]]}} if name in scores else {}
     first = ROOT / "configs" / f"{COMPARISONS[comparison][0]}.yaml"
@@ -120,19 +120,20 @@ def baselines(comparison: str) -> dict:
 COLLECTED_BEHAVIOUR = BASELINES / "rl_collected_behaviour.json"
 
 
-def collected_behaviour(name: str) -> dict[str, float]:
-    """The recorded behaviour scores per RL dataset, first updated from ``name``'s collection card when this
-    machine's cache has it (kept in COLLECTED_BEHAVIOUR so that a machine without the data still shows it)."""
+def collected_behaviour() -> dict[str, float]:
+    """The recorded behaviour scores per RL dataset, first updated from the collection cards this machine's
+    cache has (kept in COLLECTED_BEHAVIOUR so that a machine without the data still shows them)."""
     recorded = json.loads(COLLECTED_BEHAVIOUR.read_text()) if COLLECTED_BEHAVIOUR.is_file() else {}
-    env, _, dataset = name.partition("-")
-    card = dataset_file(name).parent / f"{env}-seed0-card.json"
-    if card.is_file():
-        score = json.loads(card.read_text())["datasets"].get(dataset, {}).get("score_mean")
-        if score is not None and recorded.get(name) != score:
-            recorded[name] = score
-            COLLECTED_BEHAVIOUR.parent.mkdir(parents=True, exist_ok=True)
-            COLLECTED_BEHAVIOUR.write_text(json.dumps(dict(sorted(recorded.items())), indent=2) + "\n")
-    return recorded
+    current = dict(recorded)
+    for env in D4RL_SCORES:
+        card = dataset_file(f"{env}-{DATASETS[0]}").parent / f"{env}-seed0-card.json"
+        if card.is_file():
+            stats = json.loads(card.read_text())["datasets"]
+            current.update({f"{env}-{d}": stats[d]["score_mean"] for d in DATASETS if d in stats})
+    if current != recorded:
+        COLLECTED_BEHAVIOUR.parent.mkdir(parents=True, exist_ok=True)
+        COLLECTED_BEHAVIOUR.write_text(json.dumps(dict(sorted(current.items())), indent=2) + "\n")
+    return current
 
 
 def selection_metric(comparison: str) -> str:
@@ -187,7 +188,7 @@ def section(comparison: str) -> list[str]:
 
 def progress(comparison: str) -> str:
     """"complete" (every model's final seeds stored), "in progress" or "not started", from the stored sweeps."""
-    reports = [sweep_for(config, comparison).report() for config in COMPARISONS[comparison]]
+    reports = [s.report() for s in sweeps_of(comparison)]
     if all(r["final_complete"] for r in reports):
         return "complete"
     return "in progress" if any(r["points"] for r in reports) else "not started"
@@ -215,9 +216,10 @@ def base_sweep(config: str, comparison: str, grid: dict[str, list[float]] = GRID
                  final_seeds=FINAL_SEEDS, overrides=tuple(OVERRIDES.get(comparison, [])), threads=1)
 
 
-def sweep_for(config: str, comparison: str) -> Sweep:
-    """The sweep of one model of ``comparison`` over the comparison's grid (:func:`grid_for`)."""
-    return base_sweep(config, comparison, grid_for(comparison))
+def sweeps_of(comparison: str) -> list[Sweep]:
+    """The sweep of every model of ``comparison`` over the comparison's grid (:func:`grid_for`, read once)."""
+    grid = grid_for(comparison)
+    return [base_sweep(config, comparison, grid) for config in COMPARISONS[comparison]]
 
 
 def main() -> None:
@@ -230,8 +232,8 @@ def main() -> None:
     unknown = sorted(set(names) - set(COMPARISONS))
     if unknown:
         p.error(f"unknown comparison(s) {', '.join(unknown)}; expected {', '.join(COMPARISONS)}")
-    sweeps = [(c, sweep_for(config, c)) for c in names for config in COMPARISONS[c]]
     if args.list:
+        sweeps = [(c, s) for c in names for s in sweeps_of(c)]
         for comparison, s in sweeps:
             rep = s.write_report() if s.results() else s.report()  # refreshes the pages' view of a sweep
             waiting = waiting_for(comparison)
@@ -249,9 +251,9 @@ def main() -> None:
         # interrupted session leaves whole comparisons rather than one model far ahead of the others
         done = True
         for name in names:
-            group = [sweep_for(config, name) for config in COMPARISONS[name]]
+            group = sweeps_of(name)
             grids = [s.step(finals=False) for s in group]
-            if all(grids) and (wider := [sweep_for(config, name) for config in COMPARISONS[name]])[0].grid != group[0].grid:
+            if all(grids) and (wider := sweeps_of(name))[0].grid != group[0].grid:
                 group, grids = wider, [s.step(finals=False) for s in wider]  # the grid widened just now
             done &= all([s.step() for s in group]) if all(grids) else False
         if done:

@@ -99,12 +99,12 @@ def test_a_choice_at_an_edge_widens_the_grid_of_every_model_once(tmp_path, monke
     _store(tmp_path / "JapaneseVowels_primal+" / "points" / point_name({"optim.lr": lrs[-1]}) / "seed_0.json", 0.95)
     wide = tuned.grid_for("uea/JapaneseVowels")
     assert wide == {"optim.lr": [*lrs, 1e-2]}  # for both models, not only the one at the edge
-    assert all(tuned.sweep_for(c, "uea/JapaneseVowels").grid == wide for c in tuned.COMPARISONS["uea/JapaneseVowels"])
+    assert [s.grid for s in tuned.sweeps_of("uea/JapaneseVowels")] == [wide, wide]
     assert tuned.progress("uea/JapaneseVowels") == "in progress"  # the new point is not trained
     # a choice at the widened edge does not widen again: the page flags it instead
     _store(tmp_path / "JapaneseVowels_primal+" / "points" / point_name({"optim.lr": 1e-2}) / "seed_0.json", 0.99)
     assert tuned.grid_for("uea/JapaneseVowels") == wide
-    assert tuned.sweep_for("uea/JapaneseVowels_primal+", "uea/JapaneseVowels").chosen().point == {"optim.lr": 1e-2}
+    assert tuned.sweeps_of("uea/JapaneseVowels")[1].chosen().point == {"optim.lr": 1e-2}
 
 
 def test_an_rl_baseline_comes_from_the_card_of_the_data_in_use_and_is_kept(tmp_path, monkeypatch) -> None:

@@ -9,6 +9,7 @@ The results scripts name their comparisons (which configs, which sweep stores) a
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -48,10 +49,7 @@ class Outcome:
 
     @property
     def grid_size(self) -> int:
-        size = 1
-        for values in self.grid.values():
-            size *= len(values)
-        return size
+        return math.prod(len(values) for values in self.grid.values())
 
 
 def outcome(entry: Entry) -> Outcome | None:
