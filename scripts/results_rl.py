@@ -82,17 +82,55 @@ def collect_command(card: dict) -> str:
     return " ".join(["primal data collect-rl", card["env"], *flags])
 
 
+#: the bold header of an environment's earlier collection, kept on the page once the data are collected again.
+EARLIER = "{env}, earlier collection"
+
+
 def kept_card_sections() -> dict[str, str]:
-    """The page's own record of each environment's collection (its "**env** ..." paragraph and table)."""
+    """The page's own record of each environment's collection (its "**env** ..." paragraph and table), and of
+    an earlier collection kept beside it ("**env, earlier collection** ..."), keyed by the bold header."""
     old = PAGE.read_text() if PAGE.is_file() else ""
     text = old.split("## Collected datasets\n", 1)[1] if "## Collected datasets\n" in old else ""
+    headers = set(D4RL_SCORES) | {EARLIER.format(env=env) for env in D4RL_SCORES}
     out: dict[str, str] = {}
     for block in text.split("\n**"):
         block = block.strip().removeprefix("**")
-        env = block.split("**", 1)[0]
-        if env in D4RL_SCORES:
-            out[env] = f"**{block}".strip()
+        header = block.split("**", 1)[0]
+        if header in headers:
+            out[header] = f"**{block}".strip()
     return out
+
+
+def _table(section: str) -> list[str]:
+    return [line for line in section.splitlines() if line.startswith("| ")]
+
+
+def card_sections(env: str, card: dict | None, kept: dict[str, str]) -> list[str]:
+    """An environment's collection record(s) on the page: the card in this machine's cache (else the page's
+    own record), and the earlier collection's record where the data were collected again and differ from it
+    (SAC need not retrace a collection): the previous runs used that earlier data."""
+    earlier = EARLIER.format(env=env)
+    if card is None:
+        return [kept[h] for h in (env, earlier) if h in kept]
+    med = card["medium_policy"]
+    lines = [f"**{env}** ({card['gymnasium_env']}, seed {card['seed']}; `{collect_command(card)}`): "
+             f"SAC {card['sac']['steps']} steps "
+             f"({card['sac']['cpu_seconds'] / 60:.0f} CPU min); medium policy at {med['steps']} steps (eval return "
+             f"{med['return']:.0f}, target {med['target']:.0f}{'' if med['reached'] else ', not reached'}); "
+             f"\"expert\" at {card['expert_policy']['steps']} steps (eval return {card['expert_policy']['return']:.0f}; "
+             f"D4RL's expert reference {card['d4rl_reference_returns']['expert']:.0f}).", "",
+             "| dataset | transitions | episodes | return mean ± std | min | max | normalised score |", "|---|---|---|---|---|---|---|"]
+    for name, d in card["datasets"].items():
+        lines.append(f"| {name} | {d['transitions']} | {d['episodes']} | {d['return_mean']:.0f} ± {d['return_std']:.0f} | "
+                     f"{d['return_min']:.0f} | {d['return_max']:.0f} | {d['score_mean']:.1f} |")
+    current = "\n".join(lines)
+    if earlier in kept:
+        return [current, kept[earlier]]
+    if env in kept and _table(kept[env]) != _table(current):
+        body = kept[env].removeprefix(f"**{env}**")
+        return [current, f"**{earlier}** (the data of the previous runs; this machine collected {env} again, "
+                         f"and SAC did not retrace it){body}"]
+    return [current]
 
 
 def collected(env: str, dataset: str) -> bool:
@@ -194,23 +232,8 @@ def write_page() -> None:
     if not cs and not kept:
         lines.append("*(no collection card in this machine's cache)*")
     for env in D4RL_SCORES:
-        if env not in cs:
-            if env in kept:
-                lines += [kept[env], ""]
-            continue
-        card = cs[env]
-        med = card["medium_policy"]
-        lines += [f"**{env}** ({card['gymnasium_env']}, seed {card['seed']}; `{collect_command(card)}`): "
-                  f"SAC {card['sac']['steps']} steps "
-                  f"({card['sac']['cpu_seconds'] / 60:.0f} CPU min); medium policy at {med['steps']} steps (eval return "
-                  f"{med['return']:.0f}, target {med['target']:.0f}{'' if med['reached'] else ', not reached'}); "
-                  f"\"expert\" at {card['expert_policy']['steps']} steps (eval return {card['expert_policy']['return']:.0f}; "
-                  f"D4RL's expert reference {card['d4rl_reference_returns']['expert']:.0f}).", "",
-                  "| dataset | transitions | episodes | return mean ± std | min | max | normalised score |", "|---|---|---|---|---|---|---|"]
-        for name, d in card["datasets"].items():
-            lines.append(f"| {name} | {d['transitions']} | {d['episodes']} | {d['return_mean']:.0f} ± {d['return_std']:.0f} | "
-                         f"{d['return_min']:.0f} | {d['return_max']:.0f} | {d['score_mean']:.1f} |")
-        lines.append("")
+        for section in card_sections(env, cs.get(env), kept):
+            lines += [section, ""]
     PAGE.parent.mkdir(parents=True, exist_ok=True)
     PAGE.write_text("\n".join(lines) + "\n")
     print(f"wrote {PAGE}")

@@ -43,3 +43,37 @@ def test_each_environment_without_a_card_keeps_its_recorded_section(tmp_path, mo
     assert sorted(kept) == ["hopper", "walker2d"]
     assert kept["hopper"].startswith("**hopper** (Hopper-v5") and kept["hopper"].endswith("| medium |")
     assert "walker2d" not in kept["hopper"]
+
+
+def _card(medium_score: float) -> dict:
+    from dataclasses import asdict
+
+    from primal_attention.data.rl_collect import CollectConfig
+
+    dataset = {"transitions": 1000, "episodes": 10, "return_mean": 900.0, "return_std": 50.0, "return_min": 5.0,
+               "return_max": 1200.0, "score_mean": medium_score}
+    return {"env": "hopper", "gymnasium_env": "Hopper-v5", "seed": 0, "config": asdict(CollectConfig(env="hopper")),
+            "sac": {"steps": 200000, "cpu_seconds": 2700.0},
+            "medium_policy": {"steps": 80000, "return": 1229.0, "target": 1078.0, "reached": True},
+            "expert_policy": {"steps": 200000, "return": 3000.0}, "d4rl_reference_returns": {"expert": 3234.0},
+            "datasets": {"medium": dataset}}
+
+
+def test_a_recollection_that_differs_keeps_the_earlier_record_beside_it(tmp_path, monkeypatch) -> None:
+    page = _script(monkeypatch, tmp_path / "rl.md")
+    earlier = page.card_sections("hopper", _card(31.5), {})
+    assert len(earlier) == 1 and earlier[0].startswith("**hopper** (Hopper-v5")
+    kept = {"hopper": earlier[0]}
+    assert page.card_sections("hopper", _card(31.5), kept) == earlier  # the same data: one record
+
+    both = page.card_sections("hopper", _card(37.0), kept)  # collected again, different data
+    assert len(both) == 2 and "| 37.0 |" in both[0] and "| 31.5 |" in both[1]
+    assert both[1].startswith("**hopper, earlier collection** (the data of the previous runs")
+
+    # The page written with both keeps both, on a machine with the new card and on one without any card.
+    (tmp_path / "rl.md").write_text("# RL\n\n## Collected datasets\n\n" + "\n\n".join(both) + "\n")
+    kept = page.kept_card_sections()
+    assert sorted(kept) == ["hopper", "hopper, earlier collection"]
+    assert page.card_sections("hopper", _card(37.0), kept) == both
+    assert page.card_sections("hopper", None, kept) == both
+    assert page.card_sections("walker2d", None, kept) == []
