@@ -55,6 +55,9 @@ class System:
     tuned_values: Callable[[], dict[str, list[float]] | None] | None = None
     #: the trivial baseline of the tuned values where their data is not the earlier runs' (RL: re-collected)
     tuned_baseline: Callable[[], tuple[str, float] | None] | None = None
+    #: the tuned comparisons behind ``tuned_values`` (RL: one per dataset), to say how far they are while the
+    #: earlier runs still fill the row
+    parts: list[str] = field(default_factory=list)
 
 
 def _lra(task: str, data: str, paper: dict[str, float] | None = None) -> System:
@@ -102,7 +105,7 @@ SYSTEMS = [
             "Primal.+Trans.": [RESULTS / "rl_runs" / f"{d}_primal+" for d in RL_DATASETS]},
            None, {}, "SAC-collected MuJoCo datasets (paper: D4RL)", None, "rl_behaviour.json",
            lambda: _renamed(tuned.rl_average(), {"DT": "Transformer", "Primal.+DT": "Primal.+Trans."}),
-           lambda: _rl_collected_baseline()),
+           lambda: _rl_collected_baseline(), [f"rl/{d}" for d in RL_DATASETS]),
 ]
 #: the paper's claim per system, as a phrase (docs/method.md §5).
 CLAIMS = {
@@ -206,7 +209,18 @@ def _values(system: System) -> tuple[dict[str, list[float]], str]:
             rising = [f"{label} {k}/{n}" for label, o in outs.items() for k, n in [still_improving(o)] if k]
             note = f"; validation still rising at the schedule's end (seeds): {', '.join(rising)}" if rising else ""
             return {label: [convert(v) for v in o.test] for label, o in outs.items()}, TUNED + note
-    return _earlier(system), EARLIER
+    return _earlier(system), EARLIER + _parts_note(system)
+
+
+def _parts_note(system: System) -> str:
+    """While the earlier runs fill a row whose tuned value needs several comparisons: how many are done."""
+    done = [c.split("/", 1)[1] for c in system.parts if tuned.progress(c) == "complete"]
+    started = [c.split("/", 1)[1] for c in system.parts if tuned.progress(c) == "in progress"]
+    if not done and not started:
+        return ""
+    return (f"; tuned comparison complete on {len(done)} of {len(system.parts)}"
+            + (f" ({', '.join(done)})" if done else "") + (f", in progress on {', '.join(started)}" if started else "")
+            + f", on {system.page}")
 
 
 EARLIER = "earlier runs: shared lr, previous init"
@@ -289,9 +303,9 @@ def write_page(compute: bool) -> None:
         values, source = _values(system)
         base_text, base = _baseline(system, compute)
         earlier_base = base  # the earlier runs' data
-        if source != EARLIER and system.tuned_baseline and (own := system.tuned_baseline()):
+        if not source.startswith(EARLIER) and system.tuned_baseline and (own := system.tuned_baseline()):
             base_text, base = own
-        if source != EARLIER:
+        if not source.startswith(EARLIER):
             changed += _changes(system, values, _earlier(system), base, earlier_base)
         ref = values.get("Transformer", [])
         digits = 1 if system.metric != "ppl" else 2

@@ -31,3 +31,33 @@ def test_the_rl_baseline_of_the_tuned_average_needs_every_datasets_card(tmp_path
     assert summary._rl_collected_baseline() == ("behaviour 4.0", 4.0)
     rl = next(s for s in summary.SYSTEMS if s.name.startswith("Offline RL"))
     assert rl.tuned_baseline() == ("behaviour 4.0", 4.0)
+
+
+def test_a_row_still_on_earlier_runs_says_how_far_its_tuned_parts_are(tmp_path, monkeypatch) -> None:
+    summary = _summary(monkeypatch, tmp_path)
+    rl = next(s for s in summary.SYSTEMS if s.name.startswith("Offline RL"))
+    assert len(rl.parts) == 9
+    state = dict.fromkeys(rl.parts, "not started")
+    monkeypatch.setattr(summary.tuned, "progress", lambda c: state[c])
+    assert summary._parts_note(rl) == ""
+    state["rl/hopper-medium"] = "complete"
+    state["rl/walker2d-medium"] = "in progress"
+    assert summary._parts_note(rl) == ("; tuned comparison complete on 1 of 9 (hopper-medium), "
+                                       "in progress on walker2d-medium, on rl.md")
+    monkeypatch.setattr(summary.tuned, "rl_average", lambda: None)
+    monkeypatch.setattr(summary, "_earlier", lambda system: {"Transformer": [1.0]})
+    assert summary._values(rl) == ({"Transformer": [1.0]}, summary.EARLIER + summary._parts_note(rl))
+
+
+def test_a_row_with_tuned_parts_in_progress_is_still_read_as_earlier_runs(tmp_path, monkeypatch) -> None:
+    summary = _summary(monkeypatch, tmp_path)
+    real = summary.tuned.progress
+    monkeypatch.setattr(summary.tuned, "progress",
+                        lambda c: "in progress" if c == "rl/hopper-medium" else real(c))
+    monkeypatch.setattr(summary.tuned, "rl_average", lambda: None)
+    monkeypatch.setattr(summary, "PAGE", tmp_path / "README.md")
+    summary.write_page(False)
+    page = (tmp_path / "README.md").read_text()
+    row = next(line for line in page.splitlines() if line.startswith("| Offline RL"))
+    assert f"{summary.EARLIER}; tuned comparison complete on 0 of 9, in progress on hopper-medium, on rl.md" in row
+    assert "- Offline RL" not in page  # not listed among the changes of the tuned protocol
