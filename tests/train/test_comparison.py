@@ -20,20 +20,24 @@ def write(path: Path, record: dict) -> None:
 
 
 def store(tmp: Path, name: str, vals: dict[float, float], finals: list[float] | None, rising: bool = False,
-          grid: dict[str, list[float]] = GRID) -> Entry:
+          grid: dict[str, list[float]] = GRID, metric: str = "acc") -> Entry:
+    """A sweep store of ``name``: seed 0 per grid point (validation value = test value), and the chosen point's
+    final seeds; ``rising``: each final's best validation evaluation is its last. ``metric`` "loss" is minimised."""
     root = tmp / name
+    maximize = metric != "loss"
+    selection = {"metric": metric, "maximize": maximize}
     for lr, val in vals.items():
         write(root / "points" / point_name({"optim.lr": lr}) / "seed_0.json",
-              {"name": name, "best_val_acc": val, "test_acc": val, "wall_time_s": 1.0,
-               "selection": {"metric": "acc", "maximize": True}})
+              {"name": name, f"best_val_{metric}": val, f"test_{metric}": val, "wall_time_s": 1.0, "selection": selection})
     sweep = Sweep(CONFIG, grid, root, overrides=TINY)
     chosen = sweep.chosen()
     if chosen is not None and finals:
-        history = [{"val_acc": 0.5}, {"val_acc": 0.9 if rising else 0.7}, {"val_acc": 1.0 if rising else 0.6}]
+        curve = [0.5, 0.9, 1.0] if rising else [0.5, 0.7, 0.6]
+        history = [{f"val_{metric}": v if maximize else 6.0 - v} for v in curve]
         for seed, test in enumerate(finals):
             write(root / "final" / chosen.name / f"seed_{seed}.json",
-                  {"name": name, "test_acc": test, "best_test_acc": test + 0.01, "final_test_acc": test - 0.01,
-                   "history": history, "selection": {"metric": "acc", "maximize": True}})
+                  {"name": name, f"test_{metric}": test, f"best_test_{metric}": test + 0.01,
+                   f"final_test_{metric}": test - 0.01, "history": history, "selection": selection})
     sweep.write_report()
     return Entry(name, CONFIG, root)
 
@@ -106,3 +110,15 @@ def test_a_verdict_is_read_against_the_papers_claim() -> None:
 
     with pytest.raises(ValueError, match="claimed must be one of"):
         verdict_against_claim("better", "much better")
+
+
+def test_a_loss_comparison_shows_its_difference_to_the_losss_digits_and_says_falling(tmp_path: Path) -> None:
+    ref = store(tmp_path, "Transformer", {1e-4: 5.0, 1e-3: 4.6}, [4.534, 4.530, 4.540], metric="loss")
+    worse = store(tmp_path, "PrimalFormer", {1e-4: 5.0, 1e-3: 4.7}, [4.569, 4.570, 4.567], rising=True, metric="loss")
+    lines = tuned_section([ref, worse], {}, reference="Transformer")
+    text = "\n".join(lines)
+    row = next(line for line in lines if line.startswith("| PrimalFormer"))
+    assert "0.0001: 5.000 · **0.001: 4.700**" in row  # the lower validation loss is chosen
+    assert "+0.034 [+0.0" in row and "worse" in row  # a loss difference to 0.001, not rounded to +0.0
+    assert "**Validation loss still falling at the end of the schedule**" in text and "PrimalFormer (3/3 seeds)" in text
+    assert "still rising" not in text

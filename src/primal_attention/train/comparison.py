@@ -158,7 +158,7 @@ def tuned_section(entries: Sequence[Entry], baselines: dict[str, Any], *, refere
             continue
         diff = "–"
         if e.label != reference and ref is not None and o.test and ref.test:
-            diff = welch_difference([s * v for v in o.test], [s * v for v in ref.test], maximize=o.maximize).cell()
+            diff = welch_difference([s * v for v in o.test], [s * v for v in ref.test], maximize=o.maximize).cell(digits=k)
         lines.append(f"| {e.label} | {_grid_cell(o)} | {len(o.test)} | {value_cell([s * v for v in o.test], k)} | "
                      f"{value_cell([s * v for v in o.best_test], k)} | {value_cell([s * v for v in o.final_test], k)} | "
                      f"{diff} | {_flattened(o)} |")
@@ -173,7 +173,8 @@ def tuned_section(entries: Sequence[Entry], baselines: dict[str, Any], *, refere
     rising = [f"{label} ({k}/{n} seeds)" for label, o in outcomes.items() if o is not None
               for k, n in [still_improving(o)] if k]
     if rising:
-        lines += ["", "**Validation still rising at the end of the schedule** (the selected evaluation was the last one): "
+        trend = "still rising" if known[0].maximize else f"{metric} still falling"  # a loss improves downwards
+        lines += ["", f"**Validation {trend} at the end of the schedule** (the selected evaluation was the last one): "
                       + "; ".join(rising) + ". The comparison holds for this budget only; a longer schedule may change it."]
     edges = [f"{label} ({edge})" for label, o in outcomes.items() if o is not None and (edge := at_grid_edge(o))]
     if edges:
