@@ -52,8 +52,9 @@ def test_a_row_still_on_earlier_runs_says_how_far_its_tuned_parts_are(tmp_path, 
 def test_a_row_with_tuned_parts_in_progress_is_still_read_as_earlier_runs(tmp_path, monkeypatch) -> None:
     summary = _summary(monkeypatch, tmp_path)
     real = summary.tuned.progress
-    monkeypatch.setattr(summary.tuned, "progress",
-                        lambda c: "in progress" if c == "rl/hopper-medium" else real(c))
+    monkeypatch.setattr(summary.tuned, "progress",  # the RL parts' state set here, not the stored sweeps'
+                        lambda c: "in progress" if c == "rl/hopper-medium" else "not started" if c.startswith("rl/")
+                        else real(c))
     monkeypatch.setattr(summary.tuned, "rl_average", lambda: None)
     monkeypatch.setattr(summary, "PAGE", tmp_path / "README.md")
     summary.write_page(False)
