@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from primal_attention import PrimalAttention
@@ -44,6 +44,8 @@ def run(layer: PrimalAttention, x: torch.Tensor, mask, fused: bool, reduction: s
 
 
 @settings(max_examples=40, deadline=None)
+@example(batch=1, seq_len=1, heads=1, head_dim=1, rank=8, num_samples=28, causal=False, mask_kind="none",
+         sampling="uniform", reduction="batch", form="authors", positive_lambda=True, bias=False, seed=339)
 @given(
     batch=st.integers(1, 3),
     seq_len=st.integers(1, 24),
@@ -78,8 +80,12 @@ def test_fast_equals_reference_float64(
     ref = run(layer, x, mask, False, reduction, form)
     for a, b in zip(fast[:3], ref[:3]):
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9)
+    # A gradient that is exactly 0 in one path (one token: q's) is a float64 rounding residual in the other,
+    # of the order of eps times the largest gradient of the loss (1e-9 at gradients of 6e3: the example below):
+    # the absolute tolerance scales with that largest gradient.
+    scale = max(g.abs().max().item() for g in ref[3].values())
     for name in fast[3]:
-        torch.testing.assert_close(fast[3][name], ref[3][name], rtol=1e-9, atol=1e-9, msg=name)
+        torch.testing.assert_close(fast[3][name], ref[3][name], rtol=1e-9, atol=max(1e-9, 1e-12 * scale), msg=name)
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 2e-5), (torch.float64, 1e-10)])
