@@ -196,12 +196,12 @@ def _cached(system: System) -> bool:
     return (RESULTS / "baselines" / f"{system.tuned.replace('/', '_')}.json").is_file()
 
 
-def _values(system: System) -> tuple[dict[str, list[float]], str]:
+def _values(system: System) -> tuple[dict[str, list[float]], str, bool]:
     """Per-model values (in display units) and which protocol they come from."""
     scale = 100.0 if system.metric == "acc" else 1.0
     values = system.tuned_values() if system.tuned_values else None
     if values:
-        return values, f"{TUNED}, {system.init}"
+        return values, f"{TUNED}, {system.init}", True
     if system.tuned:
         outs = {e.label: outcome(e) for e in tuned.entries(system.tuned)}
         ready = [o for o in outs.values() if o is not None and len(o.test) >= 2]
@@ -210,14 +210,15 @@ def _values(system: System) -> tuple[dict[str, list[float]], str]:
             convert = math.exp if system.metric == "ppl" and ready[0].metric == "loss" else (lambda v: scale * v)
             rising = [f"{label} {k}/{n}" for label, o in outs.items() for k, n in [still_improving(o)] if k]
             note = f"; validation still improving at the schedule's end (seeds): {', '.join(rising)}" if rising else ""
-            return {label: [convert(v) for v in o.test] for label, o in outs.items()}, f"{TUNED}, {system.init}{note}"
-    return _earlier(system), EARLIER + _parts_note(system)
+            return {label: [convert(v) for v in o.test] for label, o in outs.items()}, f"{TUNED}, {system.init}{note}", True
+    return _earlier(system), EARLIER + _parts_note(system), False
 
 
 def _parts_note(system: System) -> str:
     """While the earlier runs fill a row whose tuned value needs several comparisons: how many are done."""
-    done = [c.split("/", 1)[1] for c in system.parts if tuned.progress(c) == "complete"]
-    started = [c.split("/", 1)[1] for c in system.parts if tuned.progress(c) == "in progress"]
+    states = {c.split("/", 1)[1]: tuned.progress(c) for c in system.parts}
+    done = [name for name, state in states.items() if state == "complete"]
+    started = [name for name, state in states.items() if state == "in progress"]
     if not done and not started:
         return ""
     return (f"; tuned comparison complete on {len(done)} of {len(system.parts)}"
@@ -303,12 +304,12 @@ def write_page(compute: bool) -> None:
     ]
     changed: list[str] = []
     for system in SYSTEMS:
-        values, source = _values(system)
+        values, source, is_tuned = _values(system)
         base_text, base = _baseline(system, compute)
         earlier_base = base  # the earlier runs' data
-        if not source.startswith(EARLIER) and system.tuned_baseline and (own := system.tuned_baseline()):
+        if is_tuned and system.tuned_baseline and (own := system.tuned_baseline()):
             base_text, base = own
-        if not source.startswith(EARLIER):
+        if is_tuned:
             changed += _changes(system, values, _earlier(system), base, earlier_base)
         ref = values.get("Transformer", [])
         digits = 1 if system.metric != "ppl" else 2

@@ -46,7 +46,7 @@ def test_a_row_still_on_earlier_runs_says_how_far_its_tuned_parts_are(tmp_path, 
                                        "in progress on walker2d-medium, on rl.md")
     monkeypatch.setattr(summary.tuned, "rl_average", lambda: None)
     monkeypatch.setattr(summary, "_earlier", lambda system: {"Transformer": [1.0]})
-    assert summary._values(rl) == ({"Transformer": [1.0]}, summary.EARLIER + summary._parts_note(rl))
+    assert summary._values(rl) == ({"Transformer": [1.0]}, summary.EARLIER + summary._parts_note(rl), False)
 
 
 def test_a_row_with_tuned_parts_in_progress_is_still_read_as_earlier_runs(tmp_path, monkeypatch) -> None:

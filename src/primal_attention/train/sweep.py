@@ -303,7 +303,8 @@ class Sweep:
             "budget": {"steps": cfg.train.steps, "epochs": cfg.train.epochs, "batch_size": cfg.train.batch_size},
             # selected on the loss, the point's val_loss is the metric itself
             "points": [{"point": p.point, "name": p.name, f"val_{metric}": p.val,
-                        "val_loss": p.val if metric == "loss" else p.val_loss, f"test_{metric}": p.test, "wall_time_s": p.metrics.get("wall_time_s")} for p in done],
+                        "val_loss": p.val if metric == "loss" else p.val_loss, f"test_{metric}": p.test,
+                        "wall_time_s": p.metrics.get("wall_time_s")} for p in done],
             "complete": len(done) == len(self.points),
             "chosen": None if chosen is None else chosen.point,
             "final": summary,
