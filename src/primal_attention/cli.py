@@ -392,7 +392,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="sweep directory (run folders, checkpoints, locks)")
     p.add_argument("--store", help="where the JSON results and sweep.md go (default: --out)")
     p.add_argument("--sweep-seed", type=int, default=0, help="the one seed every grid point is trained with")
-    p.add_argument("--seeds", type=_seeds, default=[0, 1, 2], help="final seeds of the chosen point (default 0,1,2)")
+    p.add_argument("--seeds", type=_seeds, default=[1, 2, 3],
+                   help="final seeds of the chosen point, fresh runs never equal to --sweep-seed (default 1,2,3)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config value at every point")
     p.add_argument("--threads", type=_positive, default=1, help="torch threads per run")
     p.add_argument("--workers", type=_positive, default=1, help="processes sharing the grid (each a run at a time)")

@@ -29,12 +29,12 @@ def store(tmp: Path, name: str, vals: dict[float, float], finals: list[float] | 
     for lr, val in vals.items():
         write(root / "points" / point_name({"optim.lr": lr}) / "seed_0.json",
               {"name": name, f"best_val_{metric}": val, f"test_{metric}": val, "wall_time_s": 1.0, "selection": selection})
-    sweep = Sweep(CONFIG, grid, root, overrides=TINY)
+    sweep = Sweep(CONFIG, grid, root, overrides=TINY, final_seeds=tuple(range(1, 1 + len(finals or [0]))))
     chosen = sweep.chosen()
     if chosen is not None and finals:
         curve = [0.5, 0.9, 1.0] if rising else [0.5, 0.7, 0.6]
         history = [{f"val_{metric}": v if maximize else 6.0 - v} for v in curve]
-        for seed, test in enumerate(finals):
+        for seed, test in enumerate(finals, start=1):
             write(root / "final" / chosen.name / f"seed_{seed}.json",
                   {"name": name, f"test_{metric}": test, f"best_test_{metric}": test + 0.01,
                    f"final_test_{metric}": test - 0.01, "history": history, "selection": selection})

@@ -43,10 +43,10 @@ def test_progress_and_the_not_rerun_note_follow_the_stored_sweeps(tmp_path, monk
     for i, lr in enumerate(lrs[1:]):
         _store(points / point_name({"optim.lr": lr}) / "seed_0.json", 0.7 - i / 100)
     best = point_name({"optim.lr": lrs[1]})  # inside the grid: no widening
-    for seed in tuned.FINAL_SEEDS[1:]:
+    _store(tmp_path / "JapaneseVowels_transformer" / "final" / best / "seed_0.json", 0.6)  # not a final seed: ignored
+    for seed in tuned.FINAL_SEEDS:
         assert tuned.progress("uea/JapaneseVowels") == "in progress"
         _store(tmp_path / "JapaneseVowels_transformer" / "final" / best / f"seed_{seed}.json", 0.6)
-    _store(tmp_path / "JapaneseVowels_transformer" / "final" / best / "seed_0.json", 0.6)  # the reused sweep-seed run
     assert tuned.progress("uea/JapaneseVowels") == "complete"
     assert "JapaneseVowels (" not in " ".join(tuned.not_rerun_note(names))
     assert tuned.not_rerun_note({"JapaneseVowels": "uea/JapaneseVowels"}) == []
@@ -67,7 +67,8 @@ def test_rl_comparisons_wait_for_their_data_and_average_only_when_complete(tmp_p
         point = {"optim.lr": tuned.GRID["optim.lr"][0]}
         (store).mkdir(parents=True, exist_ok=True)
         (store / "sweep.json").write_text(json.dumps({"selection": {"metric": "val_score", "maximize": True},
-                                                      "points": [], "chosen": point, "grid": tuned.GRID}))
+                                                      "points": [], "chosen": point, "grid": tuned.GRID,
+                                                      "final_seeds": list(tuned.FINAL_SEEDS)}))
         for seed, score in zip(tuned.FINAL_SEEDS, scores):
             path = store / "final" / point_name(point) / f"seed_{seed}.json"
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -83,7 +84,7 @@ def test_rl_comparisons_wait_for_their_data_and_average_only_when_complete(tmp_p
     assert tuned.rl_average() == {"DT": [20.0, 30.0, 40.0], "Primal.+DT": [21.0, 31.0, 42.0]}
 
 
-def test_a_choice_at_an_edge_widens_the_grid_of_every_model_once(tmp_path, monkeypatch) -> None:
+def test_a_choice_at_an_edge_widens_the_grid_of_every_model_until_it_is_interior(tmp_path, monkeypatch) -> None:
     tuned = _script(monkeypatch, tmp_path)
     monkeypatch.setattr(tuned, "COMPARISONS", {"uea/JapaneseVowels": ["uea/JapaneseVowels_transformer",
                                                                       "uea/JapaneseVowels_primal+"]})
@@ -101,9 +102,15 @@ def test_a_choice_at_an_edge_widens_the_grid_of_every_model_once(tmp_path, monke
     assert wide == {"optim.lr": [*lrs, 1e-2]}  # for both models, not only the one at the edge
     assert [s.grid for s in tuned.sweeps_of("uea/JapaneseVowels")] == [wide, wide]
     assert tuned.progress("uea/JapaneseVowels") == "in progress"  # the new point is not trained
-    # a choice at the widened edge does not widen again: the page flags it instead
+    # a choice at the widened edge widens again, once the new point is trained for every model
     _store(tmp_path / "JapaneseVowels_primal+" / "points" / point_name({"optim.lr": 1e-2}) / "seed_0.json", 0.99)
-    assert tuned.grid_for("uea/JapaneseVowels") == wide
+    assert tuned.grid_for("uea/JapaneseVowels") == wide  # the Transformer's 1e-2 is not trained yet
+    _store(tmp_path / "JapaneseVowels_transformer" / "points" / point_name({"optim.lr": 1e-2}) / "seed_0.json", 0.6)
+    wider = tuned.grid_for("uea/JapaneseVowels")
+    assert wider == {"optim.lr": [*lrs, 1e-2, 3e-2]}
+    for model in ("transformer", "primal+"):  # 3e-2 worse for both: the choice 1e-2 is interior, no more widening
+        _store(tmp_path / f"JapaneseVowels_{model}" / "points" / point_name({"optim.lr": 3e-2}) / "seed_0.json", 0.3)
+    assert tuned.grid_for("uea/JapaneseVowels") == wider
     assert tuned.sweeps_of("uea/JapaneseVowels")[1].chosen().point == {"optim.lr": 1e-2}
 
 

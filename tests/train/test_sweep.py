@@ -121,7 +121,7 @@ def _sets() -> list[str]:
 def test_sweep_cli_trains_selects_and_runs_the_final_seeds_once(tmp_path) -> None:
     out, store = tmp_path / "runs", tmp_path / "store"
     args = ["sweep", str(CONFIG), "--grid", "optim.lr=1e-4,3e-3", "--out", str(out), "--store", str(store),
-            "--seeds", "0,1", "--workers", "2", *_sets()]
+            "--seeds", "1,2", "--workers", "2", *_sets()]
     proc = cli(*args)
     assert proc.returncode == 0, proc.stderr
     report = json.loads((store / "sweep.json").read_text())
@@ -132,16 +132,21 @@ def test_sweep_cli_trains_selects_and_runs_the_final_seeds_once(tmp_path) -> Non
     for p in report["points"]:  # every point trained once, under the holdout protocol, on one budget
         metrics = json.loads((store / "points" / p["name"] / "seed_0.json").read_text())
         assert metrics["protocol"] == "holdout" and metrics["epochs"] == 2 and metrics["val_examples"] > 0
-    # the chosen point at the sweep seed is reused as final seed 0; seed 1 is a new run
-    chosen = store / "points" / point_name(report["chosen"]) / "seed_0.json"
+    # the final seeds are fresh runs: the sweep's run of the chosen point (which won the selection) is not one
     finals = store / "final" / point_name(report["chosen"])
-    assert (finals / "seed_0.json").read_text() == chosen.read_text()
-    assert json.loads((finals / "seed_1.json").read_text())["seed"] == 1
+    assert sorted(p.name for p in finals.iterdir()) == ["seed_1.json", "seed_2.json"]
+    assert [json.loads((finals / f"seed_{s}.json").read_text())["seed"] for s in (1, 2)] == [1, 2]
     assert report["final"]["test_acc"]["n"] == 2
     # run again: nothing is trained, the same report comes back
     again = cli(*args)
     assert again.returncode == 0, again.stderr
     assert "$ primal train" not in again.stdout and json.loads((store / "sweep.json").read_text()) == report
+
+
+def test_a_final_seed_equal_to_the_sweep_seed_is_refused(tmp_path) -> None:
+    proc = cli("sweep", str(CONFIG), "--grid", "optim.lr=1e-4,3e-3", "--out", str(tmp_path), "--seeds", "0,1")
+    assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0
+    assert "must not include the sweep seed 0" in proc.stderr and not (tmp_path / "work").exists()
 
 
 def test_sweep_cli_bad_grid_is_one_line(tmp_path) -> None:

@@ -61,8 +61,10 @@ def outcome(entry: Entry) -> Outcome | None:
     metric = rep["selection"]["metric"].removeprefix("val_")
     from primal_attention.train.sweep import point_name
 
-    finals = [] if rep["chosen"] is None else \
-        [json.loads(p.read_text()) for p in sorted((entry.store / "final" / point_name(rep["chosen"])).glob("seed_*.json"))]
+    folder = None if rep["chosen"] is None else entry.store / "final" / point_name(rep["chosen"])
+    # only the sweep's final seeds: a file of another seed (an earlier protocol's reused sweep run) is not one
+    finals = [] if folder is None else \
+        [json.loads(p.read_text()) for s in rep["final_seeds"] if (p := folder / f"seed_{s}.json").is_file()]
     take = lambda key: [float(f[key]) for f in finals if key in f]  # noqa: E731
     return Outcome(entry, metric, rep["selection"]["maximize"], rep["points"], rep["chosen"], take(f"test_{metric}"),
                    take(f"best_test_{metric}"), take(f"final_test_{metric}"), [f.get("history", []) for f in finals],
@@ -72,25 +74,40 @@ def outcome(entry: Entry) -> Outcome | None:
 def baselines_for(config: Path, seeds: Sequence[int], cache: Path, overrides: Sequence[str] = ()) -> dict[str, Any]:
     """Trivial baselines of ``config`` on the holdout splits of each seed (computed once, kept in ``cache``):
     ``{name: {"what": ..., "val_<m>": [per seed], "test_<m>": [per seed]}}``."""
-    if cache.is_file():
-        stored = json.loads(cache.read_text())
-        if stored.get("seeds") == list(seeds) and stored.get("overrides") == list(overrides):
-            return stored["baselines"]
+    stored = json.loads(cache.read_text()) if cache.is_file() else {}
+    if stored.get("overrides") != list(overrides):
+        stored = {}
+    known = stored.get("seeds", [])
     from primal_attention.train.config import load_config
     from primal_attention.train.trivial import trivial_baselines
 
-    cfg = load_config(config, list(overrides))
+    cfg = None
     merged: dict[str, Any] = {}
     for seed in seeds:
-        for name, row in trivial_baselines(cfg, seed=seed).items():
+        if seed in known:  # each seed's split is computed once, whatever other seeds are asked for later
+            i = known.index(seed)
+            rows = {name: {k: (v if k == "what" else v[i]) for k, v in row.items()} for name, row in stored["baselines"].items()}
+        else:
+            cfg = cfg or load_config(config, list(overrides))
+            rows = trivial_baselines(cfg, seed=seed)
+        for name, row in rows.items():
             slot = merged.setdefault(name, {"what": row["what"]})
             for key, value in row.items():
                 if key != "what":
                     slot.setdefault(key, []).append(value)
-    cache.parent.mkdir(parents=True, exist_ok=True)
-    cache.write_text(json.dumps({"config": str(config), "seeds": list(seeds), "overrides": list(overrides),
-                                 "baselines": merged}, indent=2) + "\n")
+    if list(seeds) != known:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        cache.write_text(json.dumps({"config": _shown(config), "seeds": list(seeds), "overrides": list(overrides),
+                                     "baselines": merged}, indent=2) + "\n")
     return merged
+
+
+def _shown(path: Path) -> str:
+    """``path`` relative to the working directory where it lies below it (committed files stay portable)."""
+    try:
+        return str(Path(path).resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
 
 
 def _scale(metric: str) -> float:

@@ -3,7 +3,8 @@
 A sweep trains one config at every point of a grid (``optim.lr=1e-4,3e-4,1e-3`` and more keys, their
 product), all with the same step budget and one seed, under the holdout protocol; it selects the point
 with the best **validation** metric (the task's own: accuracy, validation loss, rollout score); then
-trains that point with the final seeds. Test metrics are recorded at every point (for the record) but
+trains that point with the final seeds, fresh runs whose seeds differ from the sweep's (the sweep's run of
+the chosen point won the selection, so reusing it would carry that luck into the result). Test metrics are recorded at every point (for the record) but
 never used to choose.
 
 Layout of ``out`` (checkpoints, git-ignored in this repository) and ``store`` (small JSON, committable;
@@ -175,7 +176,7 @@ class Sweep:
     out: Path
     store: Path | None = None
     sweep_seed: int = 0
-    final_seeds: tuple[int, ...] = (0, 1, 2)
+    final_seeds: tuple[int, ...] = (1, 2, 3)
     overrides: tuple[str, ...] = ()
     threads: int = 1
 
@@ -184,6 +185,11 @@ class Sweep:
         self.store = Path(self.store) if self.store is not None else self.out
         if not self.final_seeds:
             raise ConfigError("a sweep needs at least one final seed")
+        if self.sweep_seed in self.final_seeds:
+            # the grid point was chosen because that very run scored best on validation: reusing (or
+            # retraining, deterministically) it as a final seed carries the selection's luck into the result
+            raise ConfigError(f"final seeds {list(self.final_seeds)} must not include the sweep seed {self.sweep_seed}: "
+                              "the chosen point's sweep run is what selected it (use e.g. --seeds 1,2,3)")
         if self.threads < 1:
             raise ConfigError(f"threads must be >= 1, got {self.threads}")
         # Fail now, on every point, for what would fail only when that point's turn comes.
@@ -231,12 +237,6 @@ class Sweep:
     def run_cell(self, name: str, point: dict[str, Any], seed: int, path: Path) -> bool:
         """Train one cell unless it is stored or another process holds it; True if it is stored now."""
         if path.is_file():
-            return True
-        reuse = self.store / "points" / point_name(point) / f"seed_{seed}.json"
-        if name == "final" and reuse.is_file():
-            # the chosen point at the sweep seed is the same run: reuse it rather than train it twice
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(reuse.read_text())
             return True
         locks = self.out / "locks"
         locks.mkdir(parents=True, exist_ok=True)
@@ -366,7 +366,7 @@ def render_markdown(rep: dict[str, Any]) -> str:
 
 
 def run_sweep(config: str | Path, grid: dict[str, list[Any]], out: str | Path, *, store: str | Path | None = None,
-              sweep_seed: int = 0, final_seeds: Sequence[int] = (0, 1, 2), overrides: Sequence[str] = (),
+              sweep_seed: int = 0, final_seeds: Sequence[int] = (1, 2, 3), overrides: Sequence[str] = (),
               threads: int = 1, workers: int = 1, poll: float = 30.0) -> dict[str, Any]:
     """Run (or continue) a sweep; with ``workers`` > 1, ``workers - 1`` more processes share its cells.
 
