@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from primal_attention import PrimalAttention, SoftmaxAttention
+from primal_attention import PrimalAttention, SoftmaxAttention, ksvd_terms
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -18,8 +18,9 @@ def test_gradcheck_fast_path(causal, sampling) -> None:
 
     def f(x, we, lam):
         layer.we.data, layer.lam.data = we, lam  # route the parameters through gradcheck
-        out = layer(x, mask)
-        return out, layer.ksvd_objective("sample")
+        with ksvd_terms(layer) as terms:
+            out = layer(x, mask)
+        return out, terms.objective("sample")
 
     we = layer.we.detach().clone().requires_grad_(True)
     lam = layer.lam.detach().clone().requires_grad_(True)
@@ -29,8 +30,9 @@ def test_gradcheck_fast_path(causal, sampling) -> None:
 
 
 def _functional(layer, x, mask):
-    out = layer(x, mask)
-    return out.sum(dim=-1), layer.ksvd_objective("batch")
+    with ksvd_terms(layer) as terms:
+        out = layer(x, mask)
+    return out.sum(dim=-1), terms.objective("batch")
 
 
 def test_gradcheck_parameters() -> None:
@@ -60,15 +62,18 @@ def test_compile_fullgraph_cpu(seq_len) -> None:
     mask = torch.ones(2, seq_len, dtype=torch.bool)
     mask[1, 8:] = False
 
+    terms = ksvd_terms(layer)  # a handle, open around the compiled calls
+
     def step(x, mask):
         out = layer(x, mask)
-        return out, layer.ksvd_objective("batch")
+        return out, terms.loss("batch")
 
     compiled = torch.compile(step, fullgraph=True)
     out_c, j_c = compiled(x, mask)
     out_e, j_e = step(x, mask)
     torch.testing.assert_close(out_c, out_e, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(j_c, j_e, rtol=1e-5, atol=1e-6)
+    terms.close()
 
 
 @pytest.mark.parametrize("cls,kw", [(PrimalAttention, {"rank": 4}), (SoftmaxAttention, {})])
@@ -79,11 +84,11 @@ def test_bf16_autocast_forward_backward_finite(cls, kw, causal) -> None:
     x = torch.randn(2, 50, 32, requires_grad=True)
     mask = torch.ones(2, 50, dtype=torch.bool)
     mask[1, 30:] = False
-    with torch.autocast("cpu", dtype=torch.bfloat16):
+    with torch.autocast("cpu", dtype=torch.bfloat16), ksvd_terms(layer) as terms:
         out = layer(x, mask)
         loss = out.float().square().mean()
         if cls is PrimalAttention:
-            loss = loss + layer.ksvd_objective() ** 2
+            loss = loss + terms.loss()
     loss.backward()
     assert out.dtype == torch.bfloat16 and torch.isfinite(out).all()
     assert torch.isfinite(x.grad).all()

@@ -8,6 +8,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from primal_attention import PrimalAttention
+import primal_attention as pa
 from primal_attention.ops.primal import fused, reference
 
 
@@ -35,8 +36,9 @@ def run(layer: PrimalAttention, x: torch.Tensor, mask, fused: bool, reduction: s
     layer.impl = "fast" if fused else "reference"
     layer.zero_grad()
     x = x.clone().requires_grad_(True)
-    out = layer(x, mask)
-    j = layer.ksvd_objective(reduction, form)
+    with pa.ksvd_terms(layer) as terms:
+        out = layer(x, mask)
+    j = terms.objective(reduction, form)
     loss = (out * torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view_as(out)).sum() + j.square().sum()
     loss.backward()
     grads = {n: p.grad.clone() for n, p in layer.named_parameters()}
@@ -214,22 +216,23 @@ def test_inference_path_equals_the_training_path_and_keeps_j(causal, mask_kind, 
     randomise(layer, gen)
     x = torch.randn(3, 200, 8, generator=gen, dtype=dtype)  # N >= 16·D: the folded path
     mask = random_mask(3, 200, gen, mask_kind)
-    out = layer(x, mask)
-    j = {(r, f): layer.ksvd_objective(r, f).detach() for r in ("batch", "sample") for f in ("authors", "paper")}
+    with pa.ksvd_terms(layer) as terms:
+        out = layer(x, mask)
+    j = {(r, f): terms.objective(r, f).detach() for r in ("batch", "sample") for f in ("authors", "paper")}
     for mode in (torch.no_grad, torch.inference_mode):
         with mode():
+            _, cache = fused.primal_attention(x, layer.weights(), heads=2, causal=causal, mask=mask, sampling=sampling)
+        assert cache.features is None and cache.gram is None and cache.inputs is not None
+        with mode(), pa.ksvd_terms(layer, inference=True) as terms:
             fast = layer(x, mask)
-        assert layer._last.features is None and layer._last.gram is None and layer._last.inputs is not None
         tol = 1e-12 if dtype == torch.float64 else 1e-6
         torch.testing.assert_close(fast, out.detach(), rtol=tol, atol=tol)
         jtol = 1e-12 if dtype == torch.float64 else 2e-5  # fp32: Gram in the forward vs from the features
         with torch.no_grad():
             for (r, f), want in j.items():
-                torch.testing.assert_close(layer.ksvd_objective(r, f), want, rtol=jtol, atol=jtol)
+                torch.testing.assert_close(terms.objective(r, f), want, rtol=jtol, atol=jtol)
     with pytest.raises(ValueError, match="inference forward"):
-        with torch.no_grad():
-            layer(x, mask)
-        fused.ksvd_objective(layer._last, layer.lambdas, layer.we, layer.wr)
+        fused.ksvd_objective(cache, layer.lambdas, layer.we, layer.wr)
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -245,10 +248,10 @@ def test_inference_path_with_a_qk_transform_keeps_j(causal) -> None:
     def transform(qk: torch.Tensor) -> torch.Tensor:
         return qk * ramp + 0.1
 
-    out = layer(x, qk_transform=transform)
-    want = layer.ksvd_objective("sample").detach()
-    with torch.no_grad():
+    with pa.ksvd_terms(layer) as terms:
+        out = layer(x, qk_transform=transform)
+    want = terms.objective("sample").detach()
+    with torch.no_grad(), pa.ksvd_terms(layer, inference=True) as terms:
         fast = layer(x, qk_transform=transform)
-        assert layer._last.inputs is not None
         torch.testing.assert_close(fast, out.detach(), rtol=1e-12, atol=1e-12)
-        torch.testing.assert_close(layer.ksvd_objective("sample"), want, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(terms.objective("sample"), want, rtol=1e-12, atol=1e-12)

@@ -27,8 +27,9 @@ SMOKE = textwrap.dedent("""
     attn = pa.PrimalAttention(16, 2, rank=3)
     x = torch.randn(2, 10, 16)
     mask = torch.arange(10)[None] < torch.tensor([[10], [6]])
-    y = attn(x, mask)
-    loss = y.square().mean() + 0.1 * pa.ksvd_loss(attn)
+    with pa.ksvd_terms(attn) as terms:
+        y = attn(x, mask)
+    loss = y.square().mean() + 0.1 * terms.loss()
     loss.backward()
     causal = pa.PrimalAttention(16, 2, rank=3, causal=True).eval()
     state = None

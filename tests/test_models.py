@@ -109,7 +109,8 @@ def test_causal_lm_is_causal_and_trains() -> None:
     opt = torch.optim.Adam(lm.parameters(), lr=1e-2)
     first = None
     for _ in range(30):
-        loss = lm.loss(tokens) + 0.1 * pa.ksvd_loss(lm, "sample")
+        with pa.ksvd_terms(lm) as terms:
+            loss = lm.loss(tokens) + 0.1 * terms.loss("sample")
         first = first if first is not None else loss.item()
         opt.zero_grad()
         loss.backward()

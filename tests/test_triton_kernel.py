@@ -15,12 +15,14 @@ import pytest
 import torch
 
 from primal_attention import PrimalAttention
+import primal_attention as pa
 from primal_attention.ops.primal.kernel import ENV, reset_env_override, resolve_kernel, triton_available
 
 CHECK = r"""
 import itertools, os, sys
 import torch
 from primal_attention.layers import PrimalAttention
+import primal_attention as pa
 from primal_attention.ops.primal import triton_folded
 
 device = sys.argv[1]
@@ -34,8 +36,9 @@ def run(kernel, causal, masked, sampling, grad_ksvd):
                             kernel=kernel).to(device)
     x = torch.randn(3, 600, 32, generator=torch.Generator().manual_seed(1)).to(device).requires_grad_(True)
     mask = (torch.arange(600)[None] < torch.tensor([[600], [450], [130]])).to(device) if masked else None
-    out = layer(x, mask)
-    loss = out.square().mean() + (0.1 * layer.ksvd_objective().square() if grad_ksvd else 0.0)
+    with pa.ksvd_terms(layer) as terms:
+        out = layer(x, mask)
+    loss = out.square().mean() + (0.1 * terms.objective().square() if grad_ksvd else 0.0)
     loss.backward()
     return [out.detach(), x.grad] + [p.grad for p in layer.parameters() if p.grad is not None]
 

@@ -7,7 +7,7 @@ The public API is small::
     y = attn(x, mask)                  # x (B, N, 64), mask (B, N) bool
     with ksvd_terms(model) as terms:   # every primal forward in here: its KSVD term
         loss = task_loss(model(x), y) + eta * terms.loss()
-    # (or, without a scope: loss = task_loss + eta * ksvd_loss(model))
+    terms = ksvd_terms(model)          # or as a handle, for loops that cannot use `with` ... terms.close()
     sol = layer_ksvd(attn, x, mask)    # the exact KSVD solution of its kernel (docs/method.md §7)
 """
 
@@ -23,8 +23,6 @@ from primal_attention.layers import (
 from primal_attention.ksvd import (
     KSVDTerms,
     ksvd_distances,
-    ksvd_loss,
-    ksvd_objectives,
     ksvd_terms,
     layer_ksvd,
     primal_layers,
@@ -59,11 +57,23 @@ __all__ = [
     "deit_tiny",
     "hybrid_pattern",
     "ksvd_distances",
-    "ksvd_loss",
-    "ksvd_objectives",
     "ksvd_terms",
     "layer_ksvd",
     "primal_layers",
     "register_attention",
     "vit_cpu",
 ]
+
+#: names removed when the layers stopped keeping their KSVD terms, with what replaces them.
+_REMOVED = {
+    "ksvd_loss": "the layers keep no KSVD terms any more; collect them with `with primal_attention.ksvd_terms(model) "
+                 "as terms: ... loss = task + eta * terms.loss()` (or `terms = ksvd_terms(model)` ... `terms.close()`)",
+    "ksvd_objectives": "the layers keep no KSVD terms any more; use `with primal_attention.ksvd_terms(model, "
+                       "inference=True) as terms: model(x)` then `terms.objectives()`",
+}
+
+
+def __getattr__(name: str) -> object:
+    if name in _REMOVED:
+        raise AttributeError(f"primal_attention.{name} was removed: {_REMOVED[name]}")
+    raise AttributeError(f"module 'primal_attention' has no attribute {name!r}")

@@ -12,7 +12,7 @@ from pathlib import Path
 def _selfcheck(args: argparse.Namespace) -> int:
     import torch
 
-    from primal_attention import PrimalAttention
+    from primal_attention import PrimalAttention, ksvd_terms
     from primal_attention.layers.primal import IMPLS
     from primal_attention.bench.timing import time_callable
     from primal_attention.selfcheck import check_case, reference_files
@@ -36,8 +36,9 @@ def _selfcheck(args: argparse.Namespace) -> int:
     result: dict[str, object] = {"shape": dict(B=b, N=n, D=d, H=h, s=s, n=m), "threads": torch.get_num_threads()}
 
     def step() -> None:
-        out = layer(x)
-        (out.square().mean() + layer.ksvd_objective() ** 2).backward()
+        with ksvd_terms(layer) as terms:
+            out = layer(x)
+            (out.square().mean() + terms.objective() ** 2).backward()
 
     for impl in IMPLS:
         layer.impl = impl

@@ -207,23 +207,24 @@ def _task_loss(name: str, model) -> torch.Tensor:
 def test_forward_backward_with_ksvd_loss(name):
     torch.manual_seed(0)
     model = hf.primalize(BUILD[name](), layers="all", **RANK).train()
-    loss = _task_loss(name, model) + 0.1 * pa.ksvd_loss(model)
+    with pa.ksvd_terms(model) as terms:
+        loss = _task_loss(name, model) + 0.1 * terms.loss()
     assert torch.isfinite(loss)
     loss.backward()
     for wrapper in primal_wrappers(model):
         for p in (wrapper.primal.we, wrapper.primal.wr, wrapper.primal.lam, wrapper.primal.q_proj.weight):
             assert p.grad is not None and torch.isfinite(p.grad).all() and p.grad.abs().sum() > 0
     with pytest.raises(RuntimeError, match="no primal forward"):
-        pa.ksvd_loss(model)  # consumed
+        terms.loss()  # consumed
 
 
 def test_bfloat16_autocast_trains_and_generates():
     torch.manual_seed(0)
     model = hf.primalize(llama(), layers="all", **RANK).train()
     ids = tokens(2, 9)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
+    with torch.autocast("cpu", dtype=torch.bfloat16), pa.ksvd_terms(model) as terms:
         out = model(ids, labels=ids)
-        loss = out.loss + 0.1 * pa.ksvd_loss(model)
+        loss = out.loss + 0.1 * terms.loss()
     loss.backward()
     assert out.logits.dtype == torch.bfloat16 and torch.isfinite(loss)
     assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
@@ -241,7 +242,8 @@ def test_activation_checkpointing_gives_the_same_gradients():
         if checkpointing:
             model.activation_checkpointing_enable()
         ids = tokens(2, 9)
-        (model(ids, labels=ids).loss + 0.5 * pa.ksvd_loss(model)).backward()
+        with pa.ksvd_terms(model) as terms:
+            (model(ids, labels=ids).loss + 0.5 * terms.loss()).backward()
         grads.append({k: p.grad for k, p in model.named_parameters()})
     for k in grads[0]:
         torch.testing.assert_close(grads[1][k], grads[0][k], msg=k)
@@ -305,10 +307,10 @@ def test_right_padded_batch_equals_each_sample_alone(name):
 
 def test_vit_forward_matches_shapes_and_primal_layer_runs():
     model = build("vit")
-    with torch.no_grad():
+    with torch.no_grad(), pa.ksvd_terms(model, inference=True) as terms:
         logits = model(pixel_values=torch.randn(2, 3, 8, 8)).logits
     assert logits.shape == (2, 3) and torch.isfinite(logits).all()
-    assert primal_wrappers(model)[0].primal._last is not None
+    assert len(terms) == len(primal_wrappers(model))  # every primal layer ran once
 
 
 # --- decoding: generate, cache -------------------------------------------------------------------

@@ -75,10 +75,10 @@ def test_ksvd_diagnostics_of_a_model(tiny_classifier, ragged_data) -> None:
         assert diag[f"{name}.res_we_scaled"] <= 1.0 + 1e-12  # c = 0 is always allowed
     assert not any(k.startswith("encoder.blocks.0") for k in diag)
     model.eval()
-    model(data.x, data.mask)
-    with torch.no_grad():
-        j = pa.ksvd_objectives(model, "batch", "paper")
-        js = pa.ksvd_objectives(model, "sample", "authors")
+    with torch.no_grad(), pa.ksvd_terms(model, inference=True) as terms:
+        model(data.x, data.mask)
+        j = terms.objectives("batch", "paper")
+        js = terms.objectives("sample", "authors")
     assert abs(diag[f"{names[0]}.J_paper"] - float(j[names[0]])) < 1e-5 * max(1.0, abs(float(j[names[0]])))
     assert abs(diag[f"{names[1]}.J_authors_rms"] - float(js[names[1]].square().mean().sqrt())) < 1e-6
     # The per-head residuals average to the layer residual (equal heads weights).

@@ -126,12 +126,13 @@ def test_a_layer_set_to_the_solution_has_equal_primal_and_dual_outputs(causal: b
     attn.load_state_dict(state, strict=False)
     sol = pa.layer_ksvd(attn, x, mask)  # also exported from the package root
     torch.testing.assert_close(attn.lambdas[None], sol.lam, atol=1e-12, rtol=1e-12)
-    primal = attn(x, mask)  # the fast path, no N×N matrix
+    with pa.ksvd_terms(attn) as terms:
+        primal = attn(x, mask)  # the fast path, no N×N matrix
     torch.testing.assert_close(primal, dual_output(attn, sol), atol=1e-12, rtol=0)
     trace = pa.ksvd.dual.layer_features(attn, x, mask)
     torch.testing.assert_close(trace.we_x, sol.we, atol=1e-12, rtol=0)  # W_{e|X} is the optimum
     if not (masked and sampling == "uniform"):  # there the layer's paper J also sums padding tokens
-        assert float(attn.ksvd_objective("sample", "paper").detach().abs().max()) <= 1e-10
+        assert float(terms.objective("sample", "paper").detach().abs().max()) <= 1e-10
     dist = pa.ksvd_distances(attn, x, mask)
     for key in ("angle_e_max", "angle_r_max", "angle_we_max", "angle_wr_max", "res_e", "res_r", "j_learned"):
         assert abs(float(getattr(dist, key).max())) < 1e-6, key

@@ -18,26 +18,28 @@ def tiny_model(attention=("softmax", "primal", "primal")) -> pa.SequenceClassifi
     return pa.SequenceClassifier(cfg)
 
 
-def test_ksvd_loss_is_mean_of_squares_over_primal_layers() -> None:
+def test_loss_is_mean_of_squares_over_primal_layers() -> None:
     model = tiny_model()
     x = torch.randint(0, 11, (4, 20))
-    model(x)
-    js = pa.ksvd_objectives(model)
-    assert len(js) == 2 and all(j.dim() == 0 for j in js.values())
-    expected = torch.stack([j**2 for j in js.values()]).mean()
-    torch.testing.assert_close(pa.ksvd_loss(model), expected)
+    with pa.ksvd_terms(model) as terms:
+        model(x)
+        js = terms.objectives()
+        assert len(js) == 2 and all(j.dim() == 0 for j in js.values())
+        expected = torch.stack([j**2 for j in js.values()]).mean()
+        torch.testing.assert_close(terms.loss(), expected)
 
-    model(x)  # ksvd_loss consumed the first forward's terms
-    per_sample = pa.ksvd_objectives(model, "sample")
-    assert all(j.shape == (4,) for j in per_sample.values())
-    expected = torch.stack([(j**2).mean() for j in per_sample.values()]).mean()
-    torch.testing.assert_close(pa.ksvd_loss(model, "sample"), expected)
+        model(x)  # loss() consumed the first forward's terms
+        per_sample = terms.objectives("sample")
+        assert all(j.shape == (4,) for j in per_sample.values())
+        expected = torch.stack([(j**2).mean() for j in per_sample.values()]).mean()
+        torch.testing.assert_close(terms.loss("sample"), expected)
 
 
-def test_ksvd_loss_trains_the_projections() -> None:
+def test_loss_trains_the_projections() -> None:
     model = tiny_model()
-    model(torch.randint(0, 11, (4, 20)))
-    pa.ksvd_loss(model).backward()
+    with pa.ksvd_terms(model) as terms:
+        model(torch.randint(0, 11, (4, 20)))
+    terms.loss().backward()
     layer = pa.primal_layers(model)[0][1]
     for p in (layer.we, layer.wr, layer.lam, layer.q_proj.weight):
         assert p.grad is not None and torch.isfinite(p.grad).all() and p.grad.abs().sum() > 0
@@ -45,30 +47,40 @@ def test_ksvd_loss_trains_the_projections() -> None:
 
 def test_model_without_primal_layers_gives_zero() -> None:
     model = tiny_model(("softmax",))
-    model(torch.randint(0, 11, (2, 20)))
-    loss = pa.ksvd_loss(model)
+    with pa.ksvd_terms(model) as terms:
+        model(torch.randint(0, 11, (2, 20)))
+    loss = terms.loss()
     assert loss.item() == 0.0 and not loss.requires_grad
 
 
-def test_objective_before_forward_is_an_error() -> None:
-    with pytest.raises(RuntimeError, match="forward first"):
-        pa.PrimalAttention(8, 2, 2).ksvd_objective()
+def test_objective_without_a_forward_or_with_bad_options_is_an_error() -> None:
     layer = pa.PrimalAttention(8, 2, 2)
-    layer(torch.randn(1, 4, 8))
+    with pa.ksvd_terms(layer) as terms:
+        with pytest.raises(RuntimeError, match="exactly one kept forward, got 0"):
+            terms.objective()
+        layer(torch.randn(1, 4, 8))
     with pytest.raises(ValueError, match="reduction"):
-        layer.ksvd_objective("mean")
+        terms.objective("mean")
     with pytest.raises(ValueError, match="form"):
-        layer.ksvd_objective("batch", "other")
-    layer.clear_cache()
-    with pytest.raises(RuntimeError):
-        layer.ksvd_objective()
+        terms.objective("batch", "other")
+    terms.clear()
+    with pytest.raises(RuntimeError, match="got 0"):
+        terms.objective()
+
+
+def objective(layer: pa.PrimalAttention, *args, reduction: str = "batch", form: str = "authors") -> torch.Tensor:
+    """J of one forward of ``layer`` on ``args``."""
+    with pa.ksvd_terms(layer) as terms:
+        layer(*args)
+    return terms.objective(reduction, form)
 
 
 def test_batch_reduction_is_token_weighted_mean_of_sample_reduction() -> None:
     """Without padding all samples have N tokens: J_batch = mean_b J_b (authors' form)."""
     layer = pa.PrimalAttention(16, 2, 4, num_samples=6)
-    layer(torch.randn(5, 9, 16))
-    torch.testing.assert_close(layer.ksvd_objective("batch"), layer.ksvd_objective("sample").mean())
+    with pa.ksvd_terms(layer) as terms:
+        layer(torch.randn(5, 9, 16))
+    torch.testing.assert_close(terms.objective("batch"), terms.objective("sample").mean())
 
 
 def test_positive_lambda_is_exp_parametrised() -> None:
@@ -77,21 +89,20 @@ def test_positive_lambda_is_exp_parametrised() -> None:
     assert bool((layer.lambdas > 0).all())
     with torch.no_grad():
         layer.log_lam.fill_(-50.0)
-    layer(torch.randn(2, 30, 16))
+    j = objective(layer, torch.randn(2, 30, 16))
     trace = (layer.we * layer.wr).sum() / 2
-    torch.testing.assert_close(layer.ksvd_objective(), -trace)  # score terms vanish with Λ → 0
+    torch.testing.assert_close(j, -trace)  # score terms vanish with Λ → 0
 
 
 def test_paper_form_differs_and_uses_w_given_x() -> None:
     torch.manual_seed(0)
     layer = pa.PrimalAttention(16, 2, 4, num_samples=6).double()
     x = torch.randn(2, 9, 16, dtype=torch.float64)
-    layer(x)
-    authors, paper = layer.ksvd_objective("sample"), layer.ksvd_objective("sample", "paper")
+    with pa.ksvd_terms(layer) as terms:
+        layer(x)
+    authors, paper = terms.objective("sample"), terms.objective("sample", "paper")
     assert not torch.allclose(authors, paper)
-    layer.impl = "reference"
-    layer(x)
-    t = layer._last
+    t = reference.primal_attention(x, layer.weights(), heads=2)
     lam = layer.lam
     by_hand = (0.5 * torch.einsum("bhns,hs,bhns->b", t.escore, lam, t.escore)
                + 0.5 * torch.einsum("bhns,hs,bhns->b", t.rscore, lam, t.rscore)
@@ -104,22 +115,19 @@ def test_valid_sampling_keeps_padding_out_of_the_objective() -> None:
     layer = pa.PrimalAttention(16, 2, 4, num_samples=5, sampling="valid")
     x = torch.randn(1, 12, 16)
     mask = torch.arange(12)[None] < 7
-    layer(x, mask)
-    j_masked = layer.ksvd_objective("sample")
-    layer(x[:, :7])
-    torch.testing.assert_close(j_masked, layer.ksvd_objective("sample"))
+    j_masked = objective(layer, x, mask, reduction="sample")
+    torch.testing.assert_close(j_masked, objective(layer, x[:, :7], reduction="sample"))
     uniform = pa.PrimalAttention(16, 2, 4, num_samples=5)
     uniform.load_state_dict(layer.state_dict())
-    uniform(x, mask)
-    assert not torch.allclose(uniform.ksvd_objective("sample"), j_masked)
+    assert not torch.allclose(objective(uniform, x, mask, reduction="sample"), j_masked)
 
 
 def test_objective_is_float32_under_bf16_autocast() -> None:
     model = tiny_model()
     x = torch.randint(0, 11, (4, 20))
-    with torch.autocast("cpu", dtype=torch.bfloat16):
+    with torch.autocast("cpu", dtype=torch.bfloat16), pa.ksvd_terms(model) as terms:
         logits = model(x)
-        loss = pa.ksvd_loss(model)
+        loss = terms.loss()
     assert logits.dtype == torch.bfloat16
     assert loss.dtype == torch.float32 and torch.isfinite(loss)
     (logits.float().sum() + loss).backward()
@@ -144,9 +152,9 @@ def test_fast_path_never_forms_the_score_tensors(causal) -> None:
     batch, seq_len, heads, rank = 2, 64, 2, 7
     layer = pa.PrimalAttention(16, heads, rank, num_samples=10, causal=causal)
     x = torch.randn(batch, seq_len, 16, requires_grad=True)
-    with ShapeRecorder() as rec:
+    with ShapeRecorder() as rec, pa.ksvd_terms(layer) as terms:
         out = layer(x)
-        (out.sum() + layer.ksvd_objective() ** 2).backward()
+        (out.sum() + terms.objective() ** 2).backward()
     big = [s for s in rec.shapes if len(s) >= 3 and rank in s and seq_len in s]
     assert not big, f"score-shaped tensors formed: {big}"
     # the readable path does form them, so the recorder can see them

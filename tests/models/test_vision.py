@@ -69,8 +69,9 @@ def test_optimiser_steps_reduce_the_loss_on_digits():
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     losses = []
     for _ in range(25):
-        loss = F.cross_entropy(model(x), y)
-        total = loss + 0.05 * pa.ksvd_loss(model)
+        with pa.ksvd_terms(model) as terms:
+            loss = F.cross_entropy(model(x), y)
+        total = loss + 0.05 * terms.loss()
         opt.zero_grad()
         total.backward()
         opt.step()

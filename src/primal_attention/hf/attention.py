@@ -87,8 +87,10 @@ class PrimalSelfAttention(nn.Module):
     None), position_embeddings ((cos, sin), each (B, N, d), RoPE models only)) -> (out (B, N, D), None).
 
     Causal layers with a cache keep their O(1) decoding state in a
-    :class:`~primal_attention.hf.cache.PrimalCacheLayer` at ``layer_idx``: the first call fills it
-    from the prompt, later calls advance it token by token with ``PrimalAttention.step``.
+    :class:`~primal_attention.hf.cache.PrimalCacheLayer` at ``layer_idx``: a call of several tokens
+    (the prompt, or each chunk of a chunked prefill) advances it with ``PrimalAttention.extend``, a
+    call of one token with ``PrimalAttention.step`` (its fused plan, built at the first such call
+    without gradients, is kept in the slot and counted by ``cache_nbytes``).
     There is no attention matrix: ``output_attentions=True`` raises a ValueError.
     """
 
@@ -128,19 +130,18 @@ class PrimalSelfAttention(nn.Module):
             return self.resid_dropout(out), None
 
         slot = primal_cache_layer(cache, self.layer_idx)
-        if slot.state is None:
-            transform = self._transform(rotary, slice(None))
-            out = self.primal(x, real, qk_transform=transform)
-            state = self.primal.prefill_state(x, real, qk_transform=transform)
-            # the fused step's constants, for this generation (the weights do not change during it)
-            slot.plan = None if torch.is_grad_enabled() else self.primal.decode_plan()
+        transform = self._transform(rotary, slice(None))
+        if n == 1 and slot.state is not None:
+            if slot.plan is None and transform is None and not torch.is_grad_enabled():
+                # the fused step's constants, for this generation (the weights do not change during it);
+                # a RoPE model's step cannot take the fused path, so it builds none
+                slot.plan = self.primal.decode_plan()
+            out, state = self.primal.step(x[:, 0], slot.state, None if real is None else real[:, 0],
+                                          qk_transform=transform, plan=slot.plan)
+            out = out[:, None]
         else:
-            state, rows = slot.state, []
-            for t in range(n):
-                row, state = self.primal.step(x[:, t], state, None if real is None else real[:, t],
-                                              qk_transform=self._transform(rotary, slice(t, t + 1)), plan=slot.plan)
-                rows.append(row)
-            out = torch.stack(rows, dim=1)
+            # a prompt, or a chunk of one (HF's chunked prefill): every row at once after the state so far
+            out, state = self.primal.extend(x, slot.state, real, qk_transform=transform)
         # The cache is for decoding: no gradient flows through it into a later call.
         slot.update_state(PrimalState(state.total.detach(), state.count.detach()), n)
         return self.resid_dropout(out), None

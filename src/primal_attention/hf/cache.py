@@ -41,7 +41,7 @@ class PrimalCacheLayer(CacheLayerMixin):
     def __init__(self) -> None:
         super().__init__()
         self.state: PrimalState | None = None
-        self.plan: PrimalDecodePlan | None = None  # the layer's fused decoding constants, set at prefill
+        self.plan: PrimalDecodePlan | None = None  # the layer's fused decoding constants, set at the first step
         self.seen_tokens = 0
         self.device: torch.device | None = None
 
@@ -72,10 +72,12 @@ class PrimalCacheLayer(CacheLayerMixin):
         return -1
 
     def nbytes(self) -> int:
-        """Bytes held: the running sums only."""
-        if self.state is None:
-            return 0
-        return sum(t.numel() * t.element_size() for t in self.state)
+        """Bytes held: the running sums and, once decoding has started, the layer's fused step plan
+        (rearranged weight copies, 4·D² numbers: constant in the context length, but not free)."""
+        tensors = [] if self.state is None else list(self.state)
+        if self.plan is not None:
+            tensors += [t for t in self.plan if isinstance(t, Tensor)]
+        return sum(t.numel() * t.element_size() for t in tensors)
 
     def reset(self) -> None:
         self.state = None
@@ -138,7 +140,8 @@ def primal_cache_layer(cache: Cache, layer_idx: int) -> PrimalCacheLayer:
 
 
 def cache_nbytes(cache: Cache) -> int:
-    """Bytes of every tensor an HF cache holds: keys and values of softmax layers, running sums of primal ones."""
+    """Bytes of every tensor an HF cache holds: keys and values of softmax layers, running sums and
+    decode plans of primal ones."""
     if isinstance(cache, EncoderDecoderCache):
         return cache_nbytes(cache.self_attention_cache) + cache_nbytes(cache.cross_attention_cache)
     total = 0

@@ -1,9 +1,8 @@
 """The KSVD side of Primal-Attention: the loss over a model and how close layers are to a solution.
 
-* :mod:`~primal_attention.ksvd.terms`: :func:`ksvd_terms`, the scope that collects every primal
-  forward's term (``terms.loss()``, ``terms.objectives()``), and :func:`primal_layers`;
-* :mod:`~primal_attention.ksvd.loss`: :func:`ksvd_loss`, the same loss without a scope (consumes the
-  terms the layers keep), and :func:`ksvd_objectives` (latest forward per layer);
+* :mod:`~primal_attention.ksvd.terms`: :func:`ksvd_terms`, the collector (a ``with`` scope or a handle
+  closed explicitly) that keeps every primal forward's term (``terms.loss()``, ``terms.objectives()``),
+  and :func:`primal_layers`; the layers themselves keep nothing;
 * :mod:`~primal_attention.ksvd.diagnostics`: J, Λ and the stationarity (KKT) residuals;
 * :mod:`~primal_attention.ksvd.dual`: the exact KSVD solution of a layer's kernel (:func:`layer_ksvd`)
   and a layer's distances to it (:func:`ksvd_distances`), docs/method.md §7.
@@ -25,7 +24,6 @@ from primal_attention.ksvd.dual import (
     solution_state,
     solve_ksvd,
 )
-from primal_attention.ksvd.loss import ksvd_loss, ksvd_objectives
 from primal_attention.ksvd.terms import KSVDTerms, ksvd_terms, primal_layers
 
 __all__ = [
@@ -36,8 +34,6 @@ __all__ = [
     "dual_output",
     "ksvd_diagnostics",
     "ksvd_distances",
-    "ksvd_loss",
-    "ksvd_objectives",
     "ksvd_terms",
     "layer_ksvd",
     "model_ksvd_distances",

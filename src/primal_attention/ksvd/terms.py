@@ -1,27 +1,25 @@
-"""KSVD terms, explicitly: a scope that collects what every primal forward inside it needs for its J.
+"""KSVD terms, the one way to collect them: an object the user owns that keeps every primal forward's J.
 
     with pa.ksvd_terms(model) as terms:
         loss = task_loss(model(x), y) + eta * terms.loss()
     loss.backward()
 
-Inside the scope each :class:`~primal_attention.layers.primal.PrimalAttention` of ``model`` sends
-its forward's term (the fast path's cache or the reference trace) to the scope and keeps nothing on
-the module, so no tensor outlives the step. Forwards with gradients are loss terms; the
-recomputation that activation checkpointing runs inside backward records nothing; forwards without
-gradients are kept only with ``inference=True`` (for their J: diagnostics, a run's final J). Works
-through DDP wrappers, ``torch.compile`` and foreign models (any module holding primal layers).
-:func:`primal_attention.ksvd_loss` is the same loss without a scope (docs/method.md §4).
+While the collector is open each :class:`~primal_attention.layers.primal.PrimalAttention` of
+``model`` sends its forward's term (the fast path's cache or the reference trace) to it; the layers
+keep nothing, so no tensor outlives the step (and a forward outside any collector leaves nothing
+behind). Forwards with gradients are loss terms; the recomputation that activation checkpointing runs
+inside backward records nothing; forwards without gradients are kept only with ``inference=True``
+(for their J: diagnostics, a run's final J). Works through DDP wrappers, ``torch.compile`` and foreign
+models (any module holding primal layers). The same object is a handle (``terms.close()``) for loops
+that cannot be wrapped in ``with`` (docs/method.md §4).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
-
 import torch
 from torch import Tensor, nn
 
-from primal_attention.layers.primal import KSVDTerm, PrimalAttention
+from primal_attention.layers.primal import KSVDTerm, PrimalAttention, close_sink, open_sink
 
 NO_TERMS = ("no primal forward with gradients since the previous call; run the model's forward with gradients "
             "enabled first (reentrant checkpointing records nothing: use torch.utils.checkpoint with "
@@ -47,17 +45,49 @@ def zero_for(model: nn.Module) -> Tensor:
 
 
 class KSVDTerms:
-    """The KSVD terms of the primal forwards run inside one :func:`ksvd_terms` scope.
+    """A collector of the KSVD terms of the primal forwards of ``model`` while it is open.
 
-    ``loss()`` consumes the terms with gradients; ``objectives()`` reads every kept term. The object
-    stays usable after the ``with`` block (its terms are freed with it).
+    Made open by :func:`ksvd_terms`; use it as a context manager (closed at the end of the ``with``
+    block) or as a handle, closed explicitly with :meth:`close` (a loop that cannot be wrapped in
+    ``with``, such as a Trainer's ``compute_loss``); a collector its owner drops is closed when it
+    is garbage-collected. ``loss()`` consumes the terms with gradients; ``objectives()`` and
+    ``objective()`` read every kept term. The object stays readable after it is closed.
     """
 
-    def __init__(self, model: nn.Module, layers: list[tuple[str, PrimalAttention]], inference: bool) -> None:
+    def __init__(self, model: nn.Module, *, inference: bool = False) -> None:
+        layers = primal_layers(model)
         self._model = model
         self._names = {id(layer): name for name, layer in layers}
         self._inference = inference
         self._terms: list[tuple[PrimalAttention, KSVDTerm, bool]] = []
+        self._open = False
+
+    def open(self) -> KSVDTerms:
+        """Start collecting (a collector opened later that holds the same layer takes its terms first)."""
+        if not self._open:
+            open_sink(self)
+            self._open = True
+        return self
+
+    def close(self) -> None:
+        """Stop collecting; the terms kept so far stay readable (:meth:`clear` frees them)."""
+        if self._open:
+            close_sink(self)
+            self._open = False
+
+    @property
+    def is_open(self) -> bool:
+        return self._open
+
+    def __enter__(self) -> KSVDTerms:
+        return self.open()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def holds(self, layer: PrimalAttention) -> bool:
+        """Whether ``layer`` is one of the model's primal layers."""
+        return id(layer) in self._names
 
     def add(self, layer: PrimalAttention, term: KSVDTerm, grad: bool) -> None:
         """Called by a layer's forward (grad: whether it ran with gradients enabled)."""
@@ -75,8 +105,8 @@ class KSVDTerms:
         layers gives a zero that needs no gradient.
 
         Raises:
-            RuntimeError: the model has primal layers but none ran with gradients in the scope since
-                the previous call.
+            RuntimeError: the model has primal layers but none ran with gradients while the
+                collector was open since the previous call.
         """
         if not self._names:
             return zero_for(self._model)
@@ -89,7 +119,7 @@ class KSVDTerms:
     def objectives(self, reduction: str = "batch", form: str = "authors") -> dict[str, Tensor]:
         """Signed J of every kept forward, in call order, keyed by layer name; a layer's second and
         later calls (two towers, a shared layer) are ``name#2``, ``name#3``, ... Nothing is consumed.
-        reduction "batch": scalars; "sample": (B,)."""
+        reduction "batch": scalars; "sample": (B,). A collector over a lone layer names it ``""``."""
         out: dict[str, Tensor] = {}
         calls: dict[int, int] = {}
         for i, (layer, term, grad) in enumerate(self._terms):
@@ -100,25 +130,31 @@ class KSVDTerms:
             out[name] = layer.term_objective(term, reduction, form)
         return out
 
+    def objective(self, reduction: str = "batch", form: str = "authors") -> Tensor:
+        """Signed J of the one kept forward (a single layer called once: ``with ksvd_terms(layer) as t:
+        layer(x); t.objective()``); a RuntimeError when the collector kept none or several."""
+        if len(self._terms) != 1:
+            raise RuntimeError(f"KSVDTerms.objective: expected exactly one kept forward, got {len(self._terms)} "
+                               "(use objectives() for several; forwards without gradients need inference=True)")
+        return next(iter(self.objectives(reduction, form).values()))
+
     def clear(self) -> None:
         """Drop every kept term."""
         self._terms = []
 
 
-@contextmanager
-def ksvd_terms(model: nn.Module, *, inference: bool = False) -> Iterator[KSVDTerms]:
-    """A scope whose primal forwards (of the layers in ``model``) send their KSVD terms to the yielded
-    :class:`KSVDTerms` instead of keeping them on the layers.
+def ksvd_terms(model: nn.Module, *, inference: bool = False) -> KSVDTerms:
+    """An open :class:`KSVDTerms` collector: the primal forwards of the layers in ``model`` send it their
+    KSVD terms until it is closed. The layers themselves keep nothing.
+
+        with ksvd_terms(model) as terms:          # closed at the end of the block
+            loss = task_loss(model(x), y) + eta * terms.loss()
+
+        terms = ksvd_terms(model)                 # a handle: closed explicitly
+        ...; loss = loss + eta * terms.loss(); ...
+        terms.close()
 
     inference: also keep the forwards run without gradients (their J is recomputed from the kept
-    input when asked for). Scopes nest: a layer sends to the innermost scope that holds it.
+    input when asked for). Collectors nest: a layer sends to the innermost open collector holding it.
     """
-    layers = primal_layers(model)
-    terms = KSVDTerms(model, layers, inference)
-    for _, layer in layers:
-        layer._sinks.append(terms)
-    try:
-        yield terms
-    finally:
-        for _, layer in layers:
-            layer._sinks.remove(terms)
+    return KSVDTerms(model, inference=inference).open()

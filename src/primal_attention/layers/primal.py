@@ -2,8 +2,8 @@
 
 The op lives in :mod:`primal_attention.ops.primal`: the math in ``reference`` (docs/method.md
 §2–§3), the fast path in ``fused`` (with the ``folded`` / ``triton_folded`` row loops) and O(1)
-decoding in ``decode``. Each forward sends its KSVD term to the innermost
-:func:`primal_attention.ksvd_terms` scope, or keeps it for :func:`primal_attention.ksvd_loss`
+decoding in ``decode``. The module keeps no tensor between calls: each forward sends its KSVD term
+to the innermost open :func:`primal_attention.ksvd_terms` collector that holds the layer, or drops it
 (docs/method.md §4).
 """
 
@@ -17,7 +17,6 @@ from typing import Any, Literal, Protocol, get_args
 
 import torch
 from torch import Tensor, nn
-from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils.module_tracker import ModuleTracker
 
 from primal_attention.layers.checks import check_dtype, check_heads, check_input, resolve_mask
@@ -40,7 +39,10 @@ QKTransform = Callable[[Tensor], Tensor]
 
 
 class TermSink(Protocol):
-    """Where a layer inside a :func:`primal_attention.ksvd_terms` scope sends its KSVD terms."""
+    """A collector of KSVD terms (:class:`primal_attention.KSVDTerms`): while open, the forwards of the
+    layers it ``holds`` send it their terms."""
+
+    def holds(self, layer: PrimalAttention) -> bool: ...
 
     def add(self, layer: PrimalAttention, term: KSVDTerm, grad: bool) -> None: ...
 
@@ -52,42 +54,30 @@ _BACKWARD = ModuleTracker()
 if not isinstance(inspect.getattr_static(ModuleTracker, "is_bw", None), property):  # pragma: no cover
     warnings.warn("primal_attention: this torch's ModuleTracker.is_bw is not the property that reads the autograd "
                   "engine, so the forward that activation checkpointing recomputes during backward would record its "
-                  "KSVD term again; upgrade torch (>= 2.4) or call ksvd_loss before backward", RuntimeWarning, stacklevel=2)
-#: the layers that hold recorded terms outside a scope (for the optimiser-step hook below).
-_HOLDING: weakref.WeakSet[PrimalAttention] = weakref.WeakSet()
+                  "KSVD term again; upgrade torch (>= 2.4)", RuntimeWarning, stacklevel=2)
+
+#: the open collectors, oldest first, held weakly: a collector that its owner drops without closing
+#: it closes itself when collected. The layers keep nothing; a forward asks this list.
+_OPEN_SINKS: list[weakref.ref[TermSink]] = []
 
 
-class _Held:
-    """A term kept on the layer outside a scope: the generation of the weights it was computed
-    from (None: recorded inside torch.compile) and whether a backward pass has run through its
-    forward (then its graph is spent and the weights may have been updated by any means)."""
-
-    __slots__ = ("term", "generation", "backward_done")
-
-    def __init__(self, term: KSVDTerm, generation: int | None) -> None:
-        self.term, self.generation, self.backward_done = term, generation, False
-
-    def mark_backward(self, grad: Tensor) -> None:
-        self.backward_done = True
+def open_sink(sink: TermSink) -> None:
+    """Start sending the KSVD terms of the layers ``sink`` holds to it (innermost: the latest opened)."""
+    _OPEN_SINKS.append(weakref.ref(sink))
 
 
-def _terms_go_stale(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-    """After any optimiser's step: the terms a layer holds become stale when that optimiser updated
-    one of its parameters (their features came from the old weights)."""
-    if not _HOLDING:
-        return
-    stepped = {id(p) for group in optimizer.param_groups for p in group["params"]}
-    for layer in list(_HOLDING):
-        if any(id(p) in stepped for p in layer.parameters()):
-            layer._generation += 1
+def close_sink(sink: TermSink) -> None:
+    """Stop sending terms to ``sink`` (a sink not open: nothing happens)."""
+    _OPEN_SINKS[:] = [ref for ref in _OPEN_SINKS if ref() is not None and ref() is not sink]
 
 
-def _terms_go_stale_on_load(layer: nn.Module, incompatible_keys: Any) -> None:
-    """``load_state_dict`` replaced the layer's weights: its held terms are stale."""
-    layer._generation += 1
-
-
-register_optimizer_step_post_hook(_terms_go_stale)
+def _sink_for(layer: PrimalAttention) -> TermSink | None:
+    """The innermost open collector that holds ``layer``, or None."""
+    for ref in reversed(_OPEN_SINKS):
+        sink = ref()
+        if sink is not None and sink.holds(layer):
+            return sink
+    return None
 
 
 @register_attention("primal")
@@ -144,17 +134,12 @@ class PrimalAttention(nn.Module):
     Causal padding: padded tokens are left out of the prefix means (so left padding is safe) and
     of the incremental state of :meth:`step`.
 
-    KSVD terms: inside a :func:`primal_attention.ksvd_terms` scope every forward sends what its
-    objective J needs to the scope and the layer keeps nothing (``terms.loss()``). Outside a scope
-    (the convenience path) the layer keeps them: every forward run with gradients is recorded and
-    :func:`primal_attention.ksvd_loss` consumes every recorded forward since its previous call, so
-    a layer called twice (two towers, shared weights) counts twice; :meth:`ksvd_objective` refers to
-    the latest forward. Forwards without gradients (``no_grad``, ``inference_mode``) and the
-    recomputation that activation checkpointing runs during backward record nothing. Held terms go
-    stale once an optimiser's ``step()`` updates one of the layer's parameters, ``load_state_dict``
-    loads the layer (a public optimiser hook and a load hook) or a backward pass runs through their
-    forward (a hook on the output), so a loop that never calls ``ksvd_loss`` does not accumulate
-    them. Copies and pickles of the layer carry no terms.
+    KSVD terms: the layer keeps no tensor between calls. While a :func:`primal_attention.ksvd_terms`
+    collector that holds the layer is open, every forward sends it what its objective J needs
+    (``terms.loss()``, ``terms.objectives()``, ``terms.objective()``); otherwise the term is dropped
+    with the forward. Forwards without gradients are kept only by a collector opened with
+    ``inference=True``; the recomputation that activation checkpointing runs during backward sends
+    nothing.
 
     Parameter names (``q_proj``, ``k_proj``, ``we``, ``wr``, ``lam``, ``mix``, ``out_proj``) follow
     docs/method.md so weights from other implementations load with ``load_state_dict``.
@@ -225,18 +210,10 @@ class PrimalAttention(nn.Module):
             self.lam = nn.Parameter(torch.empty(num_heads, rank))
         self.mix = nn.Linear(2 * rank, self.head_dim, bias=bias)
         self.out_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
-        # KSVD terms outside a scope: the latest forward's, and the recorded ones with the
-        # generation of the weights they were computed from (None: recorded inside torch.compile).
-        self._generation = 0
-        self._last: KSVDTerm | None = None
-        self._terms: list[_Held] = []
-        self._sinks: list[TermSink] = []  # the ksvd_terms scopes this layer is in, innermost last
-        self.register_load_state_dict_post_hook(_terms_go_stale_on_load)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
         """Authors' init: orthogonal W_e, W_r on the 3-D tensor, Λ ~ U[0, 1); Linear defaults."""
-        self._generation += 1
         nn.init.orthogonal_(self.we)
         nn.init.orthogonal_(self.wr)
         if self.positive_lambda:
@@ -326,7 +303,7 @@ class PrimalAttention(nn.Module):
                 qk_transform=qk_transform,
                 kernel=self.kernel,
             )
-            self._record(cache, out)
+            self._record(cache)
             return out
         if qk_transform is not None:
             raise ValueError("PrimalAttention: qk_transform needs impl='fast'; the reference path has none")
@@ -335,63 +312,30 @@ class PrimalAttention(nn.Module):
         trace = reference.primal_attention(
             x, self.weights(), heads=self.num_heads, causal=self.causal, mask=mask, sampling=self.sampling
         )
-        self._record(trace, trace.out)
+        self._record(trace)
         return trace.out
 
-    def _record(self, term: KSVDTerm, out: Tensor) -> None:
-        """Send a forward's KSVD term to the innermost ksvd_terms scope, or keep it on the layer."""
-        compiling = torch.compiler.is_compiling()
-        if not compiling and _BACKWARD.is_bw:
+    def _record(self, term: KSVDTerm) -> None:
+        """Send a forward's KSVD term to the innermost open collector that holds this layer, if any."""
+        sink = _sink_for(self)
+        if sink is None:
+            return
+        if not torch.compiler.is_compiling() and _BACKWARD.is_bw:
             return  # the forward that activation checkpointing recomputes inside backward
-        grad = torch.is_grad_enabled()
-        if self._sinks:
-            self._last = None
-            self._sinks[-1].add(self, term, grad)
-            return
-        self._last = term
-        if not grad:
-            return
-        if compiling:
-            # Inside a compiled graph neither the weakref set nor tensor hooks are touched: the term
-            # is kept without a generation (see pop_ksvd_terms), so a compiled loop should call
-            # ksvd_loss every step (or use a ksvd_terms scope, which keeps nothing on the layer).
-            self._terms.append(_Held(term, None))
-            return
-        held = _Held(term, self._generation)
-        self._terms = [t for t in self._terms if self._fresh(t)]
-        self._terms.append(held)
-        if out.requires_grad:
-            out.register_hook(held.mark_backward)  # a backward through this forward makes it stale
-        _HOLDING.add(self)
-
-    def _fresh(self, held: _Held) -> bool:
-        """Whether a held term still belongs to the current weights: recorded inside torch.compile, or
-        with the current generation and no backward through its forward since."""
-        return held.generation is None or (held.generation == self._generation and not held.backward_done)
-
-    def pop_ksvd_terms(self) -> list[KSVDTerm]:
-        """The terms recorded since the previous call (with the current parameters), and forget them."""
-        terms = [t.term for t in self._terms if self._fresh(t)]
-        self._terms = []
-        _HOLDING.discard(self)
-        return terms
-
-    def __getstate__(self) -> dict[str, Any]:
-        """Copies and pickles carry no KSVD terms and no scope (``copy.deepcopy`` inside a scope, an
-        EMA snapshot after a forward): those belong to this layer's forwards."""
-        state = dict(super().__getstate__())
-        state.update(_last=None, _terms=[], _sinks=[])
-        return state
+        sink.add(self, term, torch.is_grad_enabled())
 
     def term_objective(self, term: KSVDTerm, reduction: str = "batch", form: str = "authors") -> Tensor:
-        """Signed J of one recorded forward; see :meth:`ksvd_objective`."""
+        """Signed KSVD objective J of one forward's ``term`` (differentiable; a collector calls this).
+
+        reduction: "batch" -> scalar; "sample" -> (B,). form: "authors" (default; Λ squared, means
+        over heads and tokens, trace on the learned W_e, W_r) or "paper" (Λ, sums, trace on W_{e|X}).
+        See docs/method.md §4. Computed in float32 with autocast off.
+        """
         if reduction not in ("batch", "sample"):
             raise ValueError(f"reduction must be 'batch' or 'sample', got {reduction!r}")
         if isinstance(term, reference.PrimalTrace):
             return reference.ksvd_objective(term, self.weights(), reduction=reduction, form=form)
         full = self.complete_term(term)
-        if term is self._last:
-            self._last = full  # recomputed once, not at every call
         return fused.ksvd_objective(full, self.lambdas, self.we, self.wr, reduction=reduction, form=form)
 
     def complete_term(self, term: KSVDTerm) -> KSVDTerm:
@@ -400,24 +344,6 @@ class PrimalAttention(nn.Module):
         if isinstance(term, fused.PrimalCache) and term.inputs is not None:
             return fused.materialize_features(term, self.weights())
         return term
-
-    def ksvd_objective(self, reduction: str = "batch", form: str = "authors") -> Tensor:
-        """Signed KSVD objective J of the last forward (differentiable).
-
-        reduction: "batch" -> scalar; "sample" -> (B,). form: "authors" (default; Λ squared, means
-        over heads and tokens, trace on the learned W_e, W_r) or "paper" (Λ, sums, trace on W_{e|X}).
-        See docs/method.md §4. Computed in float32 with autocast off.
-        """
-        if self._last is None:
-            raise RuntimeError("PrimalAttention.ksvd_objective: call forward first (outside a ksvd_terms scope: "
-                               "inside one, the terms are the scope's, terms.objectives())")
-        return self.term_objective(self._last, reduction, form)
-
-    def clear_cache(self) -> None:
-        """Drop every tensor kept for the KSVD objective (the latest forward and the recorded terms)."""
-        self._last = None
-        self._terms = []
-        _HOLDING.discard(self)
 
     def step(
         self,
@@ -501,6 +427,44 @@ class PrimalAttention(nn.Module):
             raise ValueError(f"PrimalAttention.step: expected a state of dtype {dtype} on {device}, got "
                              f"total {state.total.dtype} on {state.total.device} and count {state.count.dtype} "
                              f"on {state.count.device}")
+
+    def extend(
+        self,
+        x: Tensor,
+        state: PrimalState | None = None,
+        mask: Tensor | None = None,
+        past_mask: Tensor | None = None,
+        *,
+        qk_transform: QKTransform | None = None,
+    ) -> tuple[Tensor, PrimalState]:
+        """The next chunk of a causal sequence after ``state``: x (B, T, D) -> (out (B, T, D), state after it).
+
+        Rows equal those of :meth:`forward` on the whole sequence so far (the chunk's prefix means start
+        from the state's sums), so a prompt fed in chunks (``prefill`` of a long context) needs memory
+        for one chunk, not for the prompt. state: the :class:`PrimalState` of the tokens before x (None:
+        x starts the sequence); mask (B, T) bool: real tokens (padding is left out of the sums and its
+        rows equal ``out_proj.bias``); past_mask: accepted for the shared signature of causal layers and
+        not needed (the state's sums already leave earlier padding out); qk_transform: as in
+        :meth:`forward`, for these T positions. The forward's KSVD term goes to an open collector as :meth:`forward`'s does.
+        """
+        if not self.causal:
+            raise RuntimeError("PrimalAttention.extend: only causal layers decode incrementally")
+        check_input(x, mask, self.embed_dim, check_finite=self.check_finite, name="PrimalAttention.extend",
+                    dtype=self.q_proj.weight.dtype)
+        acc = decode.accumulator_dtype(self.q_proj.weight.dtype)
+        if state is not None:
+            self._check_state(state, x.shape[0], acc, x.device)
+        weights = self.weights()
+        out, cache = fused.primal_attention(
+            x, weights, heads=self.num_heads, causal=True, mask=mask, sampling=self.sampling,
+            dropout_p=self.dropout, training=self.training, qk_transform=qk_transform, kernel=self.kernel,
+            prefix=None if state is None else (state.total, state.count),
+        )
+        self._record(cache)
+        chunk = decode.prefill(weights, x, mask, qk_transform)
+        if state is not None:
+            chunk = PrimalState(state.total + chunk.total, state.count + chunk.count)
+        return out, chunk
 
     def prefill_state(
         self, x: Tensor, mask: Tensor | None = None, *, qk_transform: QKTransform | None = None

@@ -187,6 +187,50 @@ class SoftmaxAttention(nn.Module):
         v = self.v_proj(x).view(batch, seq_len, self.num_heads, self.head_dim).transpose(1, 2)
         return KVCache(k, v)
 
+    def extend(self, x: Tensor, state: KVCache | None = None, mask: Tensor | None = None,
+               past_mask: Tensor | None = None) -> tuple[Tensor, KVCache]:
+        """The next chunk of a causal sequence after ``state``: x (B, T, D) -> (out (B, T, D), cache after it).
+
+        Rows equal those of the causal :meth:`forward` on the whole sequence so far. state: the keys
+        and values of the P tokens before x (None: x starts the sequence); mask (B, T) bool: the
+        chunk's real tokens; past_mask (B, P) bool: which cached positions are real (None: all).
+        Padding keys get no weight and padding rows equal ``out_proj.bias``, as in :meth:`forward`.
+        """
+        name = type(self).__name__
+        if not self.causal:
+            raise RuntimeError(f"{name}.extend: only causal layers decode incrementally")
+        check_input(x, mask, self.embed_dim, check_finite=self.check_finite, name=f"{name}.extend",
+                    dtype=self.q_proj.weight.dtype)
+        batch, n, dim = x.shape
+
+        def heads(t: Tensor) -> Tensor:
+            return t.view(batch, n, self.num_heads, self.head_dim).transpose(1, 2)
+
+        q, k, v = heads(self.q_proj(x)), heads(self.k_proj(x)), heads(self.v_proj(x))
+        past = 0
+        if state is not None:
+            self._check_cache(state, batch, k)
+            past = state.k.shape[2]
+            k, v = torch.cat([state.k, k], dim=2), torch.cat([state.v, v], dim=2)
+        if past_mask is not None and tuple(past_mask.shape) != (batch, past):
+            raise ValueError(f"{name}.extend: expected past_mask of shape ({batch}, {past}), got {tuple(past_mask.shape)}")
+        p = self.dropout if self.training else 0.0
+        if past == 0 and mask is None:
+            y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
+        else:
+            keep = torch.ones(n, past + n, dtype=torch.bool, device=x.device).tril(diagonal=past)[None, None]
+            if mask is not None or past_mask is not None:
+                real = torch.cat([past_mask if past_mask is not None else x.new_ones(batch, past, dtype=torch.bool),
+                                  mask if mask is not None else x.new_ones(batch, n, dtype=torch.bool)], dim=1)
+                own = torch.zeros(n, past + n, dtype=torch.bool, device=x.device)
+                own[:, past:] = torch.eye(n, dtype=torch.bool, device=x.device)  # no empty row (a padding one)
+                keep = (keep & real[:, None, None, :]) | own
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, dropout_p=p)
+        y = y.transpose(1, 2).reshape(batch, n, dim)
+        if mask is not None:
+            y = y.masked_fill(~mask[:, :, None], 0.0)
+        return self.out_proj(y), KVCache(k, v)
+
     def step(self, x_t: Tensor, state: KVCache | None = None) -> tuple[Tensor, KVCache]:
         """Incremental decoding for causal layers with a KV cache: x_t (B, D) or (B, 1, D).
 

@@ -8,14 +8,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from primal_attention.layers.inputs import record_inputs
-from primal_attention.layers.primal import PrimalAttention
 from primal_attention.layers.softmax import KVCache
 from primal_attention.models.transformer import Activation, StackConfig
 from primal_attention.models.dropout import Dropout
@@ -96,13 +94,7 @@ class CausalLM(nn.Module):
 
     def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
         """x: (B, N) int64 tokens, mask: (B, N) bool or None -> logits (B, N, vocab_size)."""
-        if x.dim() != 2 or x.dtype != torch.int64:
-            raise ValueError(f"CausalLM: expected int64 tokens (B, N), got {tuple(x.shape)} {x.dtype}")
-        if not 0 < x.shape[1] <= self.config.max_seq_len:
-            raise ValueError(f"CausalLM: expected 1..{self.config.max_seq_len} tokens, got {x.shape[1]}")
-        if x.numel() and (int(x.min()) < 0 or int(x.max()) >= self.config.vocab_size):
-            raise ValueError(f"CausalLM: token ids must be in [0, {self.config.vocab_size}), got "
-                             f"[{int(x.min())}, {int(x.max())}]")
+        self._check_tokens(x, "CausalLM")
         h = self.drop(self.embed(x) * self.embed_scale + self.pos[: x.shape[1]])
         h = self.decoder(h, mask)
         return h @ self.embed.weight.T
@@ -175,22 +167,61 @@ class CausalLM(nn.Module):
         with torch.no_grad():
             return LMDecodePlan(self.decoder.decode_plan(), self.embed.weight.detach().t().contiguous(), id(self))
 
-    def prefill(self, prompt: Tensor, mask: Tensor | None = None) -> tuple[Tensor, LMState]:
-        """One forward over prompt (B, N0) int64 -> logits (B, N0, V) and the state after it.
+    def prefill(self, prompt: Tensor, mask: Tensor | None = None, *, chunk_size: int | None = None,
+                logits: Literal["all", "last"] = "all") -> tuple[Tensor, LMState]:
+        """The prompt (B, N0) int64 through the model -> its logits and the decoding state after it.
 
-        mask (B, N0) bool marks right-padded prompts' real tokens (True); the primal states then sum
-        only those, while a KV cache keeps every position (a decoding session masks the padding:
-        :meth:`generate` with ``lengths``)."""
+        chunk_size: feed the prompt ``chunk_size`` tokens at a time, each chunk after the state of the
+        previous ones (the blocks' ``extend``); None: one chunk. The results equal the one-chunk
+        prefill; with ``logits="last"`` an all-primal model's peak memory then depends on the chunk,
+        not on N0 (softmax layers still keep N0 keys and values).
+        logits: "all" -> (B, N0, V), the eval-mode forward's; "last" -> (B, V), those of each row's last
+        real token (what decoding continues from) without forming the others.
+        mask (B, N0) bool marks the real tokens (True); the primal states sum only those, while a KV
+        cache keeps every position (a decoding session masks the padding: :meth:`generate` with
+        ``lengths``)."""
         self._check_eval("prefill")
-        attentions = [(str(i), block.attn) for i, block in enumerate(self.decoder.blocks)]
-        missing = [type(a).__name__ for _, a in attentions if not hasattr(a, "prefill_state")]
-        if missing:
-            raise TypeError(f"CausalLM.prefill: {missing[0]} has no incremental decoding")
-        with record_inputs(attentions) as seen:
-            logits = self(prompt, mask)
-        layers = [attn.prefill_state(seen[name].x, mask) if mask is not None and isinstance(attn, PrimalAttention)
-                  else attn.prefill_state(seen[name].x) for name, attn in attentions]
-        return logits, LMState(prompt.shape[1], layers)
+        self._check_tokens(prompt, "CausalLM.prefill")
+        if logits not in ("all", "last"):
+            raise ValueError(f"CausalLM.prefill: logits must be 'all' or 'last', got {logits!r}")
+        batch, n0 = prompt.shape
+        if mask is not None and (mask.dtype != torch.bool or tuple(mask.shape) != (batch, n0)):
+            raise ValueError(f"CausalLM.prefill: expected mask ({batch}, {n0}) bool, got {tuple(mask.shape)} {mask.dtype}")
+        chunk = n0 if chunk_size is None else chunk_size
+        if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+            raise ValueError(f"CausalLM.prefill: chunk_size must be an int >= 1 or None, got {chunk_size!r}")
+        weight = self.embed.weight
+        if mask is None:
+            last_index = torch.full((batch,), n0 - 1, device=prompt.device)
+        else:
+            positions = torch.arange(n0, device=prompt.device).expand(batch, n0)
+            last_index = torch.where(mask, positions, 0).amax(dim=1)
+        states, outs, last = None, [], None
+        for start in range(0, n0, chunk):
+            end = min(n0, start + chunk)
+            h = self.embed(prompt[:, start:end]) * self.embed_scale + self.pos[start:end]
+            past_mask = None if mask is None or start == 0 else mask[:, :start]
+            h, states = self.decoder.extend(h, states, None if mask is None else mask[:, start:end], past_mask)
+            if logits == "all":
+                outs.append(h @ weight.T)
+                continue
+            inside = (last_index >= start) & (last_index < end)  # rows whose last real token is in this chunk
+            rows = h[torch.arange(batch, device=h.device), (last_index - start).clamp(0, end - start - 1)]
+            last = rows if last is None else torch.where(inside[:, None], rows, last)
+        out = torch.cat(outs, dim=1) if logits == "all" else last @ weight.T
+        return out, LMState(n0, states)
+
+    def _check_tokens(self, x: Tensor, where: str) -> None:
+        """One clear error for tokens that are not (B, N) int64 ids in the vocabulary within max_seq_len."""
+        if not isinstance(x, Tensor) or x.dim() != 2 or x.dtype != torch.int64:
+            raise ValueError(f"{where}: expected int64 tokens (B, N), got "
+                             f"{tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__} "
+                             f"{x.dtype if isinstance(x, Tensor) else ''}".rstrip())
+        if not 0 < x.shape[1] <= self.config.max_seq_len:
+            raise ValueError(f"{where}: expected 1..{self.config.max_seq_len} tokens, got {x.shape[1]}")
+        if x.numel() and (int(x.min()) < 0 or int(x.max()) >= self.config.vocab_size):
+            raise ValueError(f"{where}: token ids must be in [0, {self.config.vocab_size}), got "
+                             f"[{int(x.min())}, {int(x.max())}]")
 
     def decode_session(self, state: LMState | None, batch: int, capacity: int, *,
                        lengths: Tensor | None = None) -> LMDecodeSession:
@@ -207,7 +238,8 @@ class CausalLM(nn.Module):
 
     @torch.no_grad()
     def generate(self, prompt: Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
-                 generator: torch.Generator | None = None, lengths: Tensor | None = None, pad_id: int = 0) -> Tensor:
+                 generator: torch.Generator | None = None, lengths: Tensor | None = None, pad_id: int = 0,
+                 prefill_chunk_size: int | None = None) -> Tensor:
         """Sample a continuation: prompt (B, N0) int64 -> (B, N0 + max_new_tokens).
 
         temperature 0 is greedy decoding, and a tiny positive one tends to it (never to NaN); top_k
@@ -216,8 +248,10 @@ class CausalLM(nn.Module):
 
         lengths (B,) int64: prompts of different lengths, right-padded to N0; row b of the result is
         ``prompt[b, :lengths[b]]``, its ``max_new_tokens`` new tokens, then ``pad_id``. Each row equals
-        generating that prompt alone (batch 1). Decoding runs a preallocated
-        :meth:`decode_session` (primal sums and key / value buffers updated in place).
+        generating that prompt alone (batch 1). The prompt goes through :meth:`prefill` in chunks of
+        ``prefill_chunk_size`` tokens (None: one chunk), keeping only the last real token's logits;
+        decoding runs a preallocated :meth:`decode_session` (primal sums and key / value buffers
+        updated in place). Nothing of it stays on the model afterwards.
         """
         if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 0:
             raise ValueError(f"CausalLM.generate: max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
@@ -247,11 +281,7 @@ class CausalLM(nn.Module):
         was = self.training
         self.eval()
         try:
-            logits, state = self.prefill(prompt, mask)
-            if mask is None:
-                next_logits = logits[:, -1]
-            else:
-                next_logits = logits[torch.arange(batch, device=prompt.device), lengths - 1]
+            next_logits, state = self.prefill(prompt, mask, chunk_size=prefill_chunk_size, logits="last")
             session = self.decode_session(state, batch, max_new_tokens, lengths=lengths)
             new = []
             for i in range(max_new_tokens):

@@ -141,6 +141,22 @@ class TransformerBlock(nn.Module):
         x = self.norm1(x + self.drop_path(self.drop(self.attn(x, mask))))
         return self.norm2(x + self.drop_path(self.drop(self.ffn(x))))
 
+    def extend(self, x: Tensor, state: Any = None, mask: Tensor | None = None,
+               past_mask: Tensor | None = None) -> tuple[Tensor, Any]:
+        """The next chunk of a causal sequence through the block: x (B, T, D) -> (B, T, D) and the
+        attention's state after it (see ``extend`` of the attention layers). Eval mode only, as :meth:`step`."""
+        if not hasattr(self.attn, "extend"):
+            raise TypeError(f"TransformerBlock.extend: {type(self.attn).__name__} has no incremental decoding")
+        if self.training:
+            raise RuntimeError("TransformerBlock.extend: decoding runs without dropout; call .eval() first")
+        if self.norm_first:
+            a, state = self.attn.extend(self.norm1(x), state, mask, past_mask)
+            x = x + a
+            return x + self.ffn(self.norm2(x)), state
+        a, state = self.attn.extend(x, state, mask, past_mask)
+        x = self.norm1(x + a)
+        return self.norm2(x + self.ffn(x)), state
+
     def step(self, x_t: Tensor, state: Any = None) -> tuple[Tensor, Any]:
         """One token through the block: x_t (B, D) -> (B, D), state. Eval mode only (no dropout, no
         drop path), so that it equals the eval-mode forward; a RuntimeError in training mode."""
@@ -219,6 +235,20 @@ class TransformerStack(nn.Module):
         for block in self.blocks:
             x = block(x, mask)
         return self.norm(x)
+
+    def extend(self, x: Tensor, states: list[Any] | None = None, mask: Tensor | None = None,
+               past_mask: Tensor | None = None) -> tuple[Tensor, list[Any]]:
+        """The next chunk of a causal sequence through every block: x (B, T, D) -> (B, T, D) and the
+        per-block states after it (None: x starts the sequence). mask (B, T) / past_mask (B, P) bool:
+        real tokens of the chunk / of the P positions before it. Rows equal the eval-mode forward's."""
+        states = [None] * len(self.blocks) if states is None else states
+        if len(states) != len(self.blocks):
+            raise ValueError(f"TransformerStack.extend: expected {len(self.blocks)} block states, got {len(states)}")
+        new = []
+        for block, state in zip(self.blocks, states):
+            x, state = block.extend(x, state, mask, past_mask)
+            new.append(state)
+        return self.norm(x), new
 
     def decode_plan(self) -> list[BlockPlan] | None:
         """The fused decoding plan of every block, or None where a block cannot take it (an attention

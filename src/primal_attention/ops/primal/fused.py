@@ -73,16 +73,27 @@ def valid_sample_index(mask: Tensor, num_samples: int) -> Tensor:
     return torch.where(count[:, None] > 0, index, torch.zeros_like(index))
 
 
-def _causal_prefix_mean(qk: Tensor, real: Tensor | None) -> Tensor:
-    """Mean over real tokens up to each position: qk (B, N, C), real (B, N) float or None."""
+def _causal_prefix_mean(qk: Tensor, real: Tensor | None, prefix: tuple[Tensor, Tensor] | None = None) -> Tensor:
+    """Mean over real tokens up to each position: qk (B, N, C), real (B, N) float or None.
+
+    prefix: ``(total (B, C), count (B,))``, the sums of the tokens before these N (a chunk after a
+    decoding state, :class:`~primal_attention.ops.primal.decode.PrimalState`), or None for none.
+    """
     seq_len = qk.shape[1]
     # Sums in float32 at least: under fp16 autocast a cumsum over 20 000 tokens overflows 65 504.
     acc = torch.promote_types(qk.dtype, torch.float32)
     if real is None:
+        total = torch.cumsum(qk.to(acc), dim=1)
         count = torch.arange(1, seq_len + 1, device=qk.device, dtype=acc)[None, :, None]
-        return (torch.cumsum(qk.to(acc), dim=1) / count).to(qk.dtype)
-    w = real[:, :, None].to(acc)
-    return (torch.cumsum(qk.to(acc) * w, dim=1) / torch.cumsum(w, dim=1).clamp_min(1.0)).to(qk.dtype)
+    else:
+        w = real[:, :, None].to(acc)
+        total, count = torch.cumsum(qk.to(acc) * w, dim=1), torch.cumsum(w, dim=1)
+    if prefix is not None:
+        total = total + prefix[0][:, None, :].to(acc)
+        count = count + prefix[1][:, None, None].to(acc)
+    if real is None and prefix is None:
+        return (total / count).to(qk.dtype)
+    return (total / count.clamp_min(1.0)).to(qk.dtype)
 
 
 def materialize_features(cache: PrimalCache, weights: PrimalWeights) -> PrimalCache:
@@ -126,6 +137,7 @@ def primal_attention(
     chunk_rows: int | None = None,
     qk_transform: Callable[[Tensor], Tensor] | None = None,
     kernel: Kernel = "auto",
+    prefix: tuple[Tensor, Tensor] | None = None,
 ) -> tuple[Tensor, PrimalCache]:
     """Fast Primal-Attention forward; same arguments and output as the reference.
 
@@ -139,6 +151,8 @@ def primal_attention(
             mean and the) feature map, e.g. a rotary position embedding; None: identity.
             kernel: the folded path's row loop, :data:`~primal_attention.ops.primal.kernel.Kernel`
             ("auto", "torch", "triton"; see :func:`~primal_attention.ops.primal.kernel.resolve_kernel`).
+        prefix: causal only: ``(total (B, 2D), count (B,))``, the running sums of the real tokens
+            before x (a chunk of a longer sequence, after its decoding state); None: x starts it.
 
     Returns:
         out (B, N, D) and the :class:`PrimalCache` for the KSVD objective.
@@ -169,13 +183,13 @@ def primal_attention(
     if fold_out:
         return _folded(x, weights, proj, qk_weight, qk_bias, heads=heads, causal=causal, real=real,
                        token_weight=token_weight, chunk_rows=chunk_rows or CHUNK_ROWS, qk_transform=qk_transform,
-                       kernel=kernel)
+                       kernel=kernel, prefix=prefix)
 
     qk = F.linear(x, qk_weight, qk_bias)  # (B, N, 2D)
     if qk_transform is not None:
         qk = qk_transform(qk)
     if causal:
-        qk = _causal_prefix_mean(qk, real)
+        qk = _causal_prefix_mean(qk, real, prefix)
     features = F.normalize(qk.view(batch, seq_len, 2 * heads, d), p=2.0, dim=-1, eps=norm_eps(qk.dtype))
     features = features.view(batch, seq_len, 2 * dim)
     out = mix_and_project(features, proj, weights, heads=heads, real=real, dropout_p=dropout_p, training=training)
@@ -207,6 +221,7 @@ def _folded(
     chunk_rows: int,
     qk_transform: Callable[[Tensor], Tensor] | None = None,
     kernel: Kernel = "auto",
+    prefix: tuple[Tensor, Tensor] | None = None,
 ) -> tuple[Tensor, PrimalCache]:
     dim = x.shape[-1]
     d = dim // heads
@@ -223,7 +238,7 @@ def _folded(
         if qk_transform is not None:
             inp = qk_transform(inp).contiguous()
         if causal:
-            inp = _causal_prefix_mean(inp, real)
+            inp = _causal_prefix_mean(inp, real, prefix)
         wqk = bqk = None
     dtype = _autocast_dtype(x.device.type)
     if dtype is not None:
