@@ -383,6 +383,51 @@ def test_all_primal_cache_is_constant_in_context_length():
     assert hf.cache_nbytes(_cache_after(softmax, 40)) == 10 * hf.cache_nbytes(_cache_after(softmax, 4))
 
 
+@pytest.mark.parametrize("name,layers", [("gpt2", "all"), ("gpt2", [-1]), ("llama", "all")])
+def test_chunked_prefill_in_generate_equals_one_chunk(name, layers):
+    model = build(name, double=True, layers=layers)
+    model.generation_config.eos_token_id = None
+    prompt = tokens(2, 23)
+    with torch.no_grad():
+        one = model.generate(prompt, max_new_tokens=5, do_sample=False, return_dict_in_generate=True, output_logits=True)
+        chunked = model.generate(prompt, max_new_tokens=5, do_sample=False, prefill_chunk_size=4,
+                                 return_dict_in_generate=True, output_logits=True)
+    assert torch.equal(one.sequences, chunked.sequences)
+    torch.testing.assert_close(torch.stack(chunked.logits), torch.stack(one.logits), rtol=0, atol=1e-9)
+
+
+def test_after_generate_an_all_primal_model_holds_the_same_bytes_at_every_context():
+    """Nothing that grows with the context stays on the modules or in the cache generate returns."""
+    model = build("gpt2", layers="all")
+    model.generation_config.eos_token_id = None
+
+    def held(n: int) -> int:
+        with torch.no_grad():
+            out = model.generate(tokens(1, n), max_new_tokens=3, do_sample=False, prefill_chunk_size=8,
+                                 return_dict_in_generate=True)
+        on_modules = sum(v.numel() * v.element_size() for m in model.modules() for k, v in vars(m).items()
+                         if k not in ("_parameters", "_buffers", "_modules") and isinstance(v, torch.Tensor))
+        return on_modules + hf.cache_nbytes(out.past_key_values)
+
+    assert held(6) == held(50) == 2 * 1 * (2 * 32 + 1) * 4  # layers · B · (2D + 1) · fp32: the running sums
+
+
+def test_the_decode_plan_is_opt_in_and_counted():
+    plain, planned = build("gpt2", layers="all"), hf.primalize(gpt2(), layers="all", decode_plan=True, **RANK).eval()
+    planned.load_state_dict(plain.state_dict())
+    for model in (plain, planned):
+        model.generation_config.eos_token_id = None
+    with torch.no_grad():
+        a = plain.generate(tokens(1, 6), max_new_tokens=4, do_sample=False, return_dict_in_generate=True)
+        b = planned.generate(tokens(1, 6), max_new_tokens=4, do_sample=False, return_dict_in_generate=True)
+    torch.testing.assert_close(b.sequences, a.sequences)
+    sums = 2 * (2 * 32 + 1) * 4
+    plan = 2 * 4 * 32 * 32 * 4 + 2 * (2 * 32 + 32) * 4  # per layer: [W_q; W_k]ᵀ and the fold (4·D²), biases
+    assert hf.cache_nbytes(a.past_key_values) == sums
+    assert hf.cache_nbytes(b.past_key_values) == sums + plan
+    assert hf.primal_settings(planned)[0]["decode_plan"] is True
+
+
 def test_hybrid_cache_keeps_kv_for_softmax_layers():
     cache = _cache_after(build("gpt2", layers=[-1]), 8)
     assert type(cache.layers[0]).__name__ == "DynamicLayer" and cache.layers[0].keys.shape[-2] == 8

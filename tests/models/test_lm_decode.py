@@ -232,3 +232,58 @@ def test_a_plan_list_of_the_wrong_length_is_an_error() -> None:
         plans = model.decoder.decode_plan()
         with pytest.raises(ValueError, match="expected a plan per block"):
             model.decoder.step(torch.zeros(1, 16, dtype=torch.float64), None, plans=plans[:2])
+
+
+@pytest.mark.parametrize("blocks", [{}, {"norm_first": False, "activation": "relu"}], ids=["prenorm", "postnorm-relu"])
+@pytest.mark.parametrize("kind", list(PATTERNS))
+@pytest.mark.parametrize("chunk", [1, 4, 7, 30])
+def test_chunked_prefill_equals_one_chunk_and_the_forward(kind, blocks, chunk) -> None:
+    model = lm(PATTERNS[kind], **blocks)
+    tokens = torch.randint(0, 23, (3, 30), generator=torch.Generator().manual_seed(2))
+    mask = torch.ones(3, 30, dtype=torch.bool)
+    mask[1, 21:] = False  # right padding
+    mask[2, :5] = False  # left padding
+    with torch.no_grad():
+        full = model(tokens, mask)
+        one, one_state = model.prefill(tokens, mask)
+        chunked, state = model.prefill(tokens, mask, chunk_size=chunk)
+        last, last_state = model.prefill(tokens, mask, chunk_size=chunk, logits="last")
+    torch.testing.assert_close(chunked[mask], full[mask], rtol=0, atol=1e-9)
+    torch.testing.assert_close(chunked[mask], one[mask], rtol=0, atol=1e-9)
+    torch.testing.assert_close(last, full[torch.arange(3), torch.tensor([29, 20, 29])], rtol=0, atol=1e-9)
+    assert state.position == last_state.position == 30
+    for a, b in zip(state.layers, one_state.layers):
+        for x, y in zip(a, b):
+            torch.testing.assert_close(x, y, rtol=0, atol=1e-9)
+    # decoding continues identically after a chunked prefill
+    with torch.no_grad():
+        nxt = torch.randint(0, 23, (3,), generator=torch.Generator().manual_seed(3))
+        torch.testing.assert_close(model.step(nxt, state)[0], model.step(nxt, one_state)[0], rtol=0, atol=1e-9)
+
+
+def test_chunked_generate_equals_one_chunk_and_leaves_nothing_on_the_model() -> None:
+    model = lm(PATTERNS["all-primal"])
+    prompt = torch.randint(0, 23, (2, 25), generator=torch.Generator().manual_seed(4))
+    lengths = torch.tensor([25, 18])
+    one = model.generate(prompt, 8, temperature=0, lengths=lengths)
+    for chunk in (1, 6):
+        torch.testing.assert_close(model.generate(prompt, 8, temperature=0, lengths=lengths, prefill_chunk_size=chunk),
+                                   one, rtol=0, atol=0)
+    held = [(name, key) for name, m in model.named_modules() for key, v in vars(m).items()
+            if key not in ("_parameters", "_buffers", "_modules") and isinstance(v, torch.Tensor)]
+    assert held == []
+
+
+def test_chunked_prefill_bad_arguments_are_one_line_errors() -> None:
+    model = lm(PATTERNS["hybrid"])
+    tokens = torch.randint(0, 23, (2, 10))
+    for kwargs, match in (({"chunk_size": 0}, "chunk_size must be an int >= 1 or None"),
+                          ({"chunk_size": 2.5}, "chunk_size must be an int >= 1 or None"),
+                          ({"logits": "first"}, "logits must be 'all' or 'last'"),
+                          ({"mask": torch.ones(2, 9, dtype=torch.bool)}, r"expected mask \(2, 10\) bool")):
+        with pytest.raises(ValueError, match=match):
+            model.prefill(tokens, **kwargs)
+    with pytest.raises(ValueError, match="expected int64 tokens"):
+        model.prefill(tokens.float())
+    with pytest.raises(RuntimeError, match="call model.eval"):
+        model.train().prefill(tokens)

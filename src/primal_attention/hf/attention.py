@@ -89,19 +89,20 @@ class PrimalSelfAttention(nn.Module):
     Causal layers with a cache keep their O(1) decoding state in a
     :class:`~primal_attention.hf.cache.PrimalCacheLayer` at ``layer_idx``: a call of several tokens
     (the prompt, or each chunk of a chunked prefill) advances it with ``PrimalAttention.extend``, a
-    call of one token with ``PrimalAttention.step`` (its fused plan, built at the first such call
-    without gradients, is kept in the slot and counted by ``cache_nbytes``).
+    call of one token with ``PrimalAttention.step`` (with ``decode_plan=True``, its fused plan, built at
+    the first such call without gradients, is kept in the slot and counted by ``cache_nbytes``).
     There is no attention matrix: ``output_attentions=True`` raises a ValueError.
     """
 
     def __init__(self, primal: PrimalAttention, *, layer_idx: int, rotary: RotaryFn | None = None,
-                 resid_dropout: float = 0.0) -> None:
+                 resid_dropout: float = 0.0, decode_plan: bool = False) -> None:
         super().__init__()
         self.primal = primal
         self.layer_idx = layer_idx
         self.rotary = rotary
         self.resid_dropout = nn.Dropout(resid_dropout)
         self.is_causal = primal.causal
+        self.decode_plan = decode_plan
 
     def forward(
         self,
@@ -132,7 +133,7 @@ class PrimalSelfAttention(nn.Module):
         slot = primal_cache_layer(cache, self.layer_idx)
         transform = self._transform(rotary, slice(None))
         if n == 1 and slot.state is not None:
-            if slot.plan is None and transform is None and not torch.is_grad_enabled():
+            if self.decode_plan and slot.plan is None and transform is None and not torch.is_grad_enabled():
                 # the fused step's constants, for this generation (the weights do not change during it);
                 # a RoPE model's step cannot take the fused path, so it builds none
                 slot.plan = self.primal.decode_plan()
@@ -153,7 +154,7 @@ class PrimalSelfAttention(nn.Module):
         return rotary_transform(self.rotary, cos[:, positions], sin[:, positions], self.primal.num_heads)
 
     def extra_repr(self) -> str:
-        return f"layer_idx={self.layer_idx}, rope={self.rotary is not None}"
+        return f"layer_idx={self.layer_idx}, rope={self.rotary is not None}, decode_plan={self.decode_plan}"
 
 
 OUTPUT_ATTENTIONS_ERROR = (

@@ -15,7 +15,7 @@ FORMS = ("authors", "paper")
 
 
 class PrimalTrainer(Trainer):
-    """``transformers.Trainer`` whose training loss is the model's loss + ``ksvd_eta`` · ``ksvd_loss(model)``.
+    """``transformers.Trainer`` whose training loss is the model's loss + ``ksvd_eta`` · the KSVD term (``ksvd_terms(model).loss()``).
 
     Everything else is the Trainer's: DDP / FSDP / DeepSpeed through Accelerate, gradient
     accumulation, mixed precision, logging. The KSVD term follows the task loss's gradient

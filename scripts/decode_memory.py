@@ -1,0 +1,220 @@
+"""Peak and retained memory of prefill + generate, and decode tokens/s: all-primal, Primal.+Trans., softmax.
+
+Every case runs in a fresh process (one torch thread, glibc's mmap threshold at 64 KiB so that a freed
+tensor leaves the resident set): build the model (random weights), read the resident set (the idle
+baseline: weights, library buffers), reset the kernel's high-water mark (/proc/self/clear_refs), then
+prefill the prompt in chunks and greedily decode NEW tokens. Reported per case:
+
+- peak: the high-water mark of the resident set minus the idle baseline (prefill + decoding);
+- retained: the resident set after generate returned (and a garbage collection), minus the baseline;
+- held: bytes of the tensors the model's modules refer to besides parameters and buffers, plus (HF)
+  the cache generate returns (``return_dict_in_generate=True``), plus our model's decode plan, which
+  lives only while generate runs and is reported as "plan";
+- decode tokens/s over the NEW tokens (prefill excluded).
+
+Models: ``ours`` is :class:`primal_attention.CausalLM` (D 128, 4 layers, 4 heads, vocabulary 4096: the
+project's CPU LM shape); ``gpt2`` is a Hugging Face GPT-2 of GPT-2-small shape (D 768, 12 layers, 12
+heads, vocabulary 50 257, random weights) primalized with ``primal_attention.hf.primalize``.
+
+    .venv/bin/python scripts/decode_memory.py --out docs/results/decode_memory        # the page's table
+    .venv/bin/python scripts/decode_memory.py --models ours --contexts 1024 4096      # a subset
+
+Writes ``results.json`` (resumable: cases already there are kept) and ``results.md`` into ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+SETTINGS = ("softmax", "primal+", "all-primal")
+MODELS = ("ours", "gpt2")
+NEW_TOKENS = 32
+CHUNK = 1024
+
+
+def _status_kib(field: str) -> int:
+    with open("/proc/self/status") as fh:
+        match = re.search(rf"^{field}:\s+(\d+) kB", fh.read(), re.MULTILINE)
+    if match is None:
+        raise RuntimeError(f"/proc/self/status has no {field}")
+    return int(match.group(1))
+
+
+def _tensor_bytes(value: Any, depth: int = 0) -> int:
+    import torch
+
+    if isinstance(value, torch.Tensor) and not isinstance(value, torch.nn.Parameter):
+        return value.numel() * value.element_size()
+    if depth < 3 and isinstance(value, (list, tuple, set)):
+        return sum(_tensor_bytes(v, depth + 1) for v in value)
+    if depth < 3 and isinstance(value, dict):
+        return sum(_tensor_bytes(v, depth + 1) for v in value.values())
+    return 0
+
+
+def held_by_modules(model: Any) -> int:
+    """Bytes of the tensors ``model``'s modules refer to besides their parameters and buffers."""
+    return sum(_tensor_bytes(v) for m in model.modules() for k, v in vars(m).items()
+               if k not in ("_parameters", "_buffers", "_modules"))
+
+
+def build(model: str, setting: str, context: int) -> Any:
+    import torch
+
+    torch.manual_seed(0)
+    if model == "ours":
+        import primal_attention as pa
+
+        pattern = {"softmax": ["softmax"] * 4, "primal+": ["softmax"] * 3 + ["primal"], "all-primal": ["primal"] * 4}
+        return pa.CausalLM(pa.CausalLMConfig(vocab_size=4096, max_seq_len=context + NEW_TOKENS, dim=128, num_heads=4,
+                                             ffn_dim=512, attention=pattern[setting], dropout=0.0,
+                                             attention_options={"primal": {"rank": 30}})).eval()
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from primal_attention import hf
+
+    config = GPT2Config(n_layer=12, n_embd=768, n_head=12, vocab_size=50257, n_positions=context + NEW_TOKENS)
+    net = GPT2LMHeadModel(config).eval()
+    if setting != "softmax":
+        hf.primalize(net, layers="all" if setting == "all-primal" else [-1], rank=20)
+    return net
+
+
+def measure(model_name: str, setting: str, context: int) -> dict[str, Any]:
+    """One case, here (the caller is a fresh process)."""
+    import torch
+
+    torch.set_num_threads(1)
+    model = build(model_name, setting, context)
+    vocab = 4096 if model_name == "ours" else 50257
+    prompt = torch.randint(0, vocab, (1, context), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():  # warm-up on a short prompt: the libraries' one-time buffers are not the context's
+        if model_name == "ours":
+            model.generate(prompt[:, :16], 2, temperature=0, prefill_chunk_size=8)
+        else:
+            model.generate(prompt[:, :16], max_new_tokens=2, do_sample=False, prefill_chunk_size=8, pad_token_id=0)
+    gc.collect()
+    base = _status_kib("VmRSS")
+    with open("/proc/self/clear_refs", "w") as fh:
+        fh.write("5")  # reset the peak resident set (VmHWM) to the current one
+    plan_bytes = 0
+    with torch.no_grad():
+        if model_name == "ours":
+            t0 = time.perf_counter()
+            logits, state = model.prefill(prompt, chunk_size=CHUNK, logits="last")
+            t1 = time.perf_counter()
+            session = model.decode_session(state, 1, NEW_TOKENS)
+            plan = session.state.plan if session.state is not None else None
+            plan_bytes = 0 if plan is None else _tensor_bytes(list(plan.head_t[None])) + sum(
+                _tensor_bytes([t for t in bp.attn if isinstance(t, torch.Tensor)])
+                + _tensor_bytes([bp.fc1_t, bp.fc2_t]) for bp in (plan.blocks or []))
+            token = logits.argmax(-1)
+            for _ in range(NEW_TOKENS):
+                token = session.step(token).argmax(-1)
+            t2 = time.perf_counter()
+            del logits, state, session, plan, token
+            cache_bytes = 0
+        else:
+            from primal_attention import hf
+
+            t0 = time.perf_counter()
+            first = model.generate(prompt, max_new_tokens=1, do_sample=False, prefill_chunk_size=CHUNK,
+                                   return_dict_in_generate=True, pad_token_id=0)
+            t1 = time.perf_counter()
+            out = model.generate(first.sequences, past_key_values=first.past_key_values, max_new_tokens=NEW_TOKENS,
+                                 do_sample=False, return_dict_in_generate=True, pad_token_id=0)
+            t2 = time.perf_counter()
+            cache_bytes = hf.cache_nbytes(out.past_key_values)
+            del first
+    peak = _status_kib("VmHWM") - base
+    gc.collect()
+    retained = _status_kib("VmRSS") - base
+    return {"model": model_name, "setting": setting, "context": context, "new_tokens": NEW_TOKENS,
+            "prefill_chunk": CHUNK, "peak_mib": peak / 1024, "retained_mib": retained / 1024,
+            "held_by_modules_bytes": held_by_modules(model), "cache_bytes": cache_bytes, "plan_bytes": plan_bytes,
+            "prefill_s": t1 - t0, "decode_tokens_per_s": NEW_TOKENS / (t2 - t1), "threads": 1}
+
+
+def run_case(model: str, setting: str, context: int, timeout: float) -> dict[str, Any]:
+    """One case in a fresh process."""
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, __file__, "--case", json.dumps([model, setting, context])],
+                          capture_output=True, text=True, env=env, timeout=timeout)
+    if proc.returncode != 0:
+        raise RuntimeError(f"case {model} {setting} {context} failed: {proc.stderr.strip().splitlines()[-1:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _mib(b: float) -> str:
+    return f"{b / 2**20:.2f}"
+
+
+def render(rows: list[dict[str, Any]], command: str) -> str:
+    """The markdown table of ``rows``."""
+    lines = ["# Decoding memory: prefill + generate", "",
+             f"`{command}`", "",
+             "Each case in a fresh process, one thread, batch 1, random weights; the prompt prefilled in chunks of "
+             f"{CHUNK} tokens, then {NEW_TOKENS} tokens decoded greedily. **peak**: high-water mark of the resident set "
+             "minus the idle one (weights and library buffers excluded), over prefill + decoding. **retained**: resident "
+             "set after generate returned, minus the idle one. **held**: tensors the model's modules refer to besides "
+             "their weights, plus the cache generate returns (HF). **plan**: our model's fused decode constants (weight "
+             "copies), alive only while it decodes. A warm-up generate on a 16-token prompt runs before the idle "
+             "reading. MiB = 2²⁰ bytes.", "",
+             "| model | setting | context | peak (MiB) | retained (MiB) | held (MiB) | plan (MiB) | prefill (s) | decode tokens/s |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    order = {m: i for i, m in enumerate(MODELS)} | {s: i for i, s in enumerate(SETTINGS)}
+    for r in sorted(rows, key=lambda r: (order[r["model"]], r["context"], order[r["setting"]])):
+        held = r["held_by_modules_bytes"] + r["cache_bytes"]
+        lines.append(f"| {'CausalLM (D 128, 4 layers)' if r['model'] == 'ours' else 'HF GPT-2-small shape'} | "
+                     f"{r['setting']} | {r['context']} | {r['peak_mib']:.1f} | {r['retained_mib']:.1f} | {_mib(held)} | "
+                     f"{_mib(r['plan_bytes']) if r['model'] == 'ours' else '–'} | {r['prefill_s']:.1f} | "
+                     f"{r['decode_tokens_per_s']:.1f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--case", help=argparse.SUPPRESS)
+    p.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
+    p.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=SETTINGS)
+    p.add_argument("--contexts", nargs="+", type=int, default=[1024, 4096, 16384, 65536])
+    p.add_argument("--out", type=Path, default=Path("docs/results/decode_memory"))
+    p.add_argument("--timeout", type=float, default=1800.0, help="seconds per case")
+    args = p.parse_args()
+    if args.case:
+        print(json.dumps(measure(*json.loads(args.case))))
+        return
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / "results.json"
+    rows = json.loads(path.read_text()) if path.is_file() else []
+    done = {(r["model"], r["setting"], r["context"]) for r in rows}
+    command = "scripts/decode_memory.py " + " ".join(sys.argv[1:])
+    for model in args.models:
+        for context in args.contexts:
+            for setting in args.settings:
+                if (model, setting, context) in done:
+                    continue
+                print(f"{model} {setting} {context} ...", flush=True)
+                try:
+                    rows.append(run_case(model, setting, context, args.timeout))
+                except (RuntimeError, subprocess.TimeoutExpired) as err:
+                    print(f"  skipped: {err}", flush=True)
+                    continue
+                path.write_text(json.dumps(rows, indent=1) + "\n")
+                (args.out / "results.md").write_text(render(rows, ".venv/bin/python scripts/decode_memory.py"))
+                r = rows[-1]
+                print(f"  peak {r['peak_mib']:.1f} MiB retained {r['retained_mib']:.1f} MiB "
+                      f"{r['decode_tokens_per_s']:.1f} tok/s", flush=True)
+
+
+if __name__ == "__main__":
+    main()
