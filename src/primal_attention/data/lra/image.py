@@ -15,6 +15,7 @@ import numpy as np
 
 from primal_attention.data.base import DataError, SequenceData
 from primal_attention.data.idx import read_idx
+from primal_attention.data.safe_pickle import load_data_pickle
 from primal_attention.data.fetch import fetch_debian_package
 from primal_attention.data.lra.common import (
     check_fixed_seq_len,
@@ -55,7 +56,7 @@ def load_cifar10_dir(data_dir: str | Path, split: str, *, num_examples: int | No
                             f"test_batch)")
         try:
             with open(path, "rb") as f:
-                batch = pickle.load(f, encoding="bytes")
+                batch = load_data_pickle(f, encoding="bytes")  # never runs code a crafted file names
             data = np.asarray(batch[b"data"], np.uint8)
             lab = np.asarray(batch[b"labels"], np.int64)
         except (pickle.UnpicklingError, EOFError, KeyError, TypeError, ValueError) as exc:
