@@ -7,6 +7,8 @@ Unknown keys, wrong types and bad values give one clear :class:`ConfigError` nam
 from __future__ import annotations
 
 import dataclasses
+import math
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -168,6 +170,11 @@ class TrainConfig:
     keep_checkpoints: int = 2
 
 
+#: a run name becomes a folder under runs/: no separators, no "..", no hidden names.
+_SAFE_NAME = re.compile(r"[A-Za-z0-9_+-][A-Za-z0-9._+-]{0,127}")
+_DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?|mps")
+
+
 @dataclass
 class ExperimentConfig:
     """One experiment: name, data, model, optimiser, loop."""
@@ -191,7 +198,8 @@ class ExperimentConfig:
             (self.optim.lr > 0, "optim.lr must be positive"),
             (len(self.optim.betas) == 2, "optim.betas must have two values"),
             ((self.train.epochs is None) != (self.train.steps is None), "give exactly one of train.epochs and train.steps"),
-            ((self.train.epochs or 1) > 0 and (self.train.steps or 1) > 0, "train.epochs / train.steps must be positive"),
+            ((self.train.epochs is None or self.train.epochs > 0) and (self.train.steps is None or self.train.steps > 0),
+             "train.epochs / train.steps must be positive"),
             (self.train.batch_size > 0 and self.train.eval_batch_size > 0, "batch sizes must be positive"),
             (self.train.eval_every > 0, "train.eval_every must be positive"),
             (self.train.keep_checkpoints > 0, "train.keep_checkpoints must be positive"),
@@ -201,6 +209,23 @@ class ExperimentConfig:
             (self.train.ksvd_form in ("authors", "paper"), "train.ksvd_form must be authors or paper"),
             (self.train.ksvd_distances_every >= 0, "train.ksvd_distances_every must be >= 0"),
             (self.train.protocol in ("authors", "holdout"), "train.protocol must be authors or holdout"),
+            (_SAFE_NAME.fullmatch(self.name) is not None,
+             f"name must be a plain folder name (letters, digits, '._+-', not starting with '.'), got {self.name!r}"),
+            (self.optim.clip_norm is None or (math.isfinite(self.optim.clip_norm) and self.optim.clip_norm > 0),
+             "optim.clip_norm must be a finite number > 0, or null for no clipping"),
+            (math.isfinite(self.optim.lr), "optim.lr must be finite"),
+            (self.optim.eps > 0 and math.isfinite(self.optim.eps), "optim.eps must be a finite number > 0"),
+            (self.optim.weight_decay >= 0 and math.isfinite(self.optim.weight_decay), "optim.weight_decay must be >= 0"),
+            (all(0 <= b < 1 for b in self.optim.betas), "optim.betas must be in [0, 1)"),
+            (self.optim.warmup_steps >= 0, "optim.warmup_steps must be >= 0"),
+            (self.train.threads is None or self.train.threads > 0, "train.threads must be a positive int, or null for torch's default"),
+            (math.isfinite(self.train.eta), "train.eta must be finite"),
+            (self.data.max_examples is None or self.data.max_examples > 0, "data.max_examples must be > 0, or null for all"),
+            (self.data.max_test_examples is None or self.data.max_test_examples > 0,
+             "data.max_test_examples must be > 0, or null"),
+            (self.data.seq_len is None or self.data.seq_len > 0, "data.seq_len must be > 0, or null"),
+            (_DEVICE.fullmatch(self.train.device) is not None,
+             f"train.device must be auto, cpu, cuda or cuda:N, got {self.train.device!r}"),
         ]
         for ok, message in checks:
             if not ok:
@@ -276,6 +301,8 @@ def _apply_override(tree: dict[str, Any], assignment: str) -> None:
     key, raw = assignment.split("=", 1)
     try:
         value = yaml.safe_load(raw) if raw != "" else None
+        if isinstance(value, str):
+            value = _number_or_text(value)
     except yaml.YAMLError as err:
         problem = getattr(err, "problem", None) or type(err).__name__
         raise ConfigError(f"override {assignment!r}: the value is not valid YAML ({problem})") from err
@@ -304,6 +331,11 @@ def config_from_dict(values: dict[str, Any], overrides: list[str] | None = None)
     cfg.model = _build(section, model, "model")
     cfg.validate()
     return cfg
+
+
+def _number_or_text(text: str) -> Any:
+    """YAML 1.1 reads ``1e308`` or ``3e-4`` (no dot) as text: such a value is the number it spells."""
+    return float(text) if re.fullmatch(r"[+-]?(\d+\.?\d*|\.\d+)[eE][+-]?\d+", text.strip()) else text
 
 
 def load_config(path: str | Path, overrides: list[str] | None = None) -> ExperimentConfig:

@@ -100,3 +100,21 @@ def architecture(section: Any) -> dict[str, Any]:
     for key in ("kind", "layers", "attention"):
         values.pop(key)
     return values
+
+
+def check_loader_options(options: dict[str, Any], loader: Any, family: str, *, set_here: tuple[str, ...] = (),
+                         extra: tuple[str, ...] = ()) -> None:
+    """ConfigError naming any ``data.options`` key that ``loader`` takes no keyword for (``set_here``: the
+    keywords the family passes itself; ``extra``: options the family reads besides the loader's)."""
+    import inspect
+
+    params = inspect.signature(loader).parameters
+    allowed = sorted({name for name, p in params.items() if p.kind is inspect.Parameter.KEYWORD_ONLY} - set(set_here)
+                     | set(extra))
+    unknown = sorted(set(options) - set(allowed))
+    if unknown:
+        from primal_attention.train.config import ConfigError
+
+        raise ConfigError(f"data.options: unknown for data.family {family}: {', '.join(unknown)}; "
+                          f"expected {', '.join(allowed) or 'none'}")
+

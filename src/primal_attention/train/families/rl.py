@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 from types import SimpleNamespace
 from typing import Any
 
@@ -34,8 +35,9 @@ def rl_options(cfg: DataConfig) -> dict[str, Any]:
             raise ConfigError(f"data.options.{key} must be a positive integer, got {out[key]!r}")
     if out["target_return"] is None:
         out["target_return"] = TARGET_RETURNS[env][0]
-    if isinstance(out["target_return"], bool) or not isinstance(out["target_return"], (int, float)):
-        raise ConfigError(f"data.options.target_return must be a number, got {out['target_return']!r}")
+    if isinstance(out["target_return"], bool) or not isinstance(out["target_return"], (int, float)) \
+            or not math.isfinite(out["target_return"]):
+        raise ConfigError(f"data.options.target_return must be a finite number, got {out['target_return']!r}")
     return out
 
 

@@ -11,7 +11,8 @@ import torch
 from primal_attention.data.base import Batch
 from primal_attention.models.vision import VisionTransformer, ViTConfig
 from primal_attention.train.config import ConfigError, ExperimentConfig, VisionModelConfig
-from primal_attention.train.families.base import Family, Splits, architecture, attention_pattern, register_family
+from primal_attention.train.families.base import (Family, Splits, architecture, attention_pattern,
+                                                  check_loader_options, register_family)
 from primal_attention.train.families.classification import classification_baselines, holdout_splits
 from primal_attention.train.tasks import CLASSIFICATION
 
@@ -31,6 +32,11 @@ class VisionFamily(Family):
             raise ConfigError(f"data.name: vision dataset must be one of {', '.join(IMAGE_DATASETS)}, got {cfg.data.name!r}")
         if cfg.data.name == "image_folder" and cfg.data.data_dir is None:
             raise ConfigError("data.name=image_folder needs data.data_dir (a folder with train/ and test/ class folders)")
+        from primal_attention.data import vision
+
+        loader = {"fashion_mnist": vision.load_fashion_mnist_images, "digits": vision.load_digits_images,
+                  "image_folder": vision.load_image_folder}[cfg.data.name]
+        check_loader_options(cfg.data.options, loader, "vision", extra=AUGMENT_OPTIONS)
 
     def load(self, cfg: ExperimentConfig) -> Splits:
         from primal_attention.data import vision
