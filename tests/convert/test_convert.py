@@ -262,7 +262,7 @@ def test_bad_input_gives_one_line_errors(lm_run, tmp_path, capsys) -> None:
     convert_run(lm_run, last, ConvertOptions(layers="last", **QUICK))
     assert "layer 1 is already primal; choose among the softmax layers [0]" in error(str(last), "--layers", "1", "--out", out)
     assert "different conversion" in error(str(lm_run), "--layers", "last", "--out", str(conv))
-    assert "not a conversion" in error(str(lm_run), "--out", str(lm_run))
+    assert "is the run being converted" in error(str(lm_run), "--out", str(lm_run))
 
 
 def test_hf_text_data_is_tokenised_with_the_folders_tokenizer(tmp_path, capsys) -> None:
@@ -356,3 +356,25 @@ def test_vision_transformer_run_converts(tmp_path) -> None:
     assert report["transfer"]["layer_error"]["isolated"]["0"] < report["swap"]["layer_error"]["isolated"]["0"]
     layers = [m for m in load_run(tmp_path / "conv").model.modules() if isinstance(m, PrimalAttention)]
     assert len(layers) == 2 and not layers[0].causal
+
+
+def test_overwrite_never_removes_a_training_run_and_one_writer_per_out(lm_run, tmp_path) -> None:
+    before = sorted(p.relative_to(lm_run.parent) for p in lm_run.parent.rglob("*"))
+    for out in (lm_run, lm_run.parent):  # the run itself, and the folder that holds it
+        proc = _cli("convert", str(lm_run), "--layers", "last", "--transfer-steps", "2", "--finetune-steps", "0",
+                    "--out", str(out), "--overwrite", "--no-progress")
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+        assert "is the run being converted" in proc.stderr or "not a conversion" in proc.stderr
+    assert sorted(p.relative_to(lm_run.parent) for p in lm_run.parent.rglob("*")) == before  # untouched
+    import fcntl
+    import os
+
+    out = tmp_path / "conv"
+    out.mkdir()
+    with open(tmp_path / ".conv.lock", "w") as held:  # another convert writing into the same --out
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        held.write(f"{os.getpid()}\n")
+        held.flush()
+        proc = _cli("convert", str(lm_run), "--layers", "last", "--transfer-steps", "2", "--finetune-steps", "0",
+                    "--out", str(out), "--no-progress")
+    assert proc.returncode == 2 and "in use by another primal convert" in proc.stderr

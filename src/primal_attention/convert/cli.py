@@ -128,11 +128,23 @@ def _fmt(metrics: dict[str, Any] | None, keys: tuple[str, ...]) -> str:
     return " ".join(f"{k} {metrics[k]:.4g}" for k in keys if k in metrics)
 
 
+def _check_removable(out: Path) -> None:
+    """``--overwrite`` removes only a conversion of ours (its convert.json) or a folder with nothing in it."""
+    from primal_attention.convert import ConvertError
+
+    if not out.is_dir():
+        raise ConvertError(f"--out {out} is a file, not a conversion folder; refusing to remove it")
+    if any(out.iterdir()) and not (out / "convert.json").is_file():
+        raise ConvertError(f"--out {out} holds something that is not a conversion (a training run?); --overwrite "
+                           "removes only a conversion's folder: choose another --out")
+
+
 def run(args: argparse.Namespace) -> int:
     from primal_attention.convert import Conversion, ConvertError, HFSubject, Interrupted, RunSubject
     from primal_attention.data.base import DataError
     from primal_attention.train.checkpoint import CheckpointError
     from primal_attention.train.config import ConfigError
+    from primal_attention.train.trainer import RunError, run_lock
 
     out = Path(args.out)
     try:
@@ -149,10 +161,14 @@ def run(args: argparse.Namespace) -> int:
             subject = HFSubject(model, train_ids, val_ids, source=str(args.hf))
         else:
             subject = RunSubject(args.run)
-        if args.overwrite and out.exists():
-            shutil.rmtree(out)
-        report = Conversion(subject, out, options).run()
-    except (ConvertError, CheckpointError, ConfigError, DataError) as err:
+        if args.run is not None and Path(args.run).resolve() == out.resolve():
+            raise ConvertError(f"--out {out} is the run being converted; choose another --out")
+        with run_lock([out], command="primal convert"):
+            if args.overwrite and out.exists():
+                _check_removable(out)
+                shutil.rmtree(out)
+            report = Conversion(subject, out, options).run()
+    except (ConvertError, CheckpointError, ConfigError, DataError, RunError) as err:
         print(f"primal convert: error: {err}", file=sys.stderr)
         return 2
     except Interrupted as err:

@@ -534,7 +534,7 @@ def prepare_output(out: Path, run_dirs: list[Path], *, resume: bool, overwrite: 
 
 
 @contextmanager
-def run_lock(run_dirs: list[Path]) -> Iterator[None]:
+def run_lock(run_dirs: list[Path], command: str = "primal train") -> Iterator[None]:
     """Hold an exclusive advisory lock per run folder while the block runs: the file
     ``.<name>.lock`` beside each (in ``--out``, outside the folder, which ``--overwrite`` removes).
 
@@ -562,7 +562,7 @@ def run_lock(run_dirs: list[Path]) -> Iterator[None]:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
-                raise RunError(f"{run_dir} is in use by another primal train{f' (pid {holder})' if holder else ''}: "
+                raise RunError(f"{run_dir} is in use by another {command}{f' (pid {holder})' if holder else ''}: "
                                "one run folder has one writer; wait for it to finish or choose another --out") from None
             os.ftruncate(fd, 0)
             os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
@@ -587,6 +587,8 @@ def run_seeds(cfg: ExperimentConfig, out_dir: str | Path, seeds: list[int], *, r
     bad = [s for s in seeds if isinstance(s, bool) or not isinstance(s, int) or not 0 <= s < 2**32]
     if bad:
         raise RunError(f"a seed must be an integer in [0, 2**32), got {bad[0]!r}")
+    if len(set(seeds)) != len(seeds):
+        raise RunError(f"--seeds repeats a seed: {', '.join(map(str, seeds))}")
     if resume and overwrite:
         raise RunError("give --resume or --overwrite, not both")
     if out.exists() and not out.is_dir():
