@@ -107,3 +107,22 @@ def test_check_input_dtype_option() -> None:
     with pytest.raises(ValueError, match="floating-point"):  # the integer case keeps its own message
         check_input(torch.ones(2, 3, 4, dtype=torch.long), None, 4, dtype=torch.float32)
 
+
+
+@pytest.mark.parametrize("seq_len", [12, 200], ids=["per-head path", "folded path"])
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_a_non_finite_padding_token_never_reaches_a_real_row_of_a_causal_primal_layer(seq_len, value) -> None:
+    torch.manual_seed(0)
+    layer = PrimalAttention(8, 2, 3, causal=True).double()
+    x = torch.randn(2, seq_len, 8, dtype=torch.float64)
+    mask = torch.ones(2, seq_len, dtype=torch.bool)
+    mask[0, :3] = False  # left padding
+    mask[1, 5] = False  # a hole
+    clean = layer(x, mask)
+    x[~mask] = value
+    dirty = layer(x, mask)
+    torch.testing.assert_close(dirty, clean, rtol=0, atol=1e-12)  # every row, padding rows are the bias
+    state = layer.prefill_state(x, mask)
+    assert torch.isfinite(state.total).all()
+    out, state = layer.step(torch.full((2, 8), value, dtype=torch.float64), state, torch.tensor([False, False]))
+    assert torch.isfinite(out).all() and torch.isfinite(state.total).all()

@@ -123,6 +123,28 @@ def test_step_validates_its_state_and_ids_as_forward_does() -> None:
         assert state.position == 5 and logits.shape == (2, 23)
 
 
+def test_an_all_primal_step_validates_every_layer_state() -> None:
+    from primal_attention.models.lm import LMState
+
+    model = lm(PATTERNS["all-primal"])
+    tokens = torch.randint(0, 23, (2, 4), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        _, state = model.prefill(tokens)
+        other = lm(PATTERNS["hybrid"])
+        _, hybrid = other.prefill(tokens)
+        cases = [(LMState(2, state.layers), ValueError, "position is 2 but block 0 has summed 4 tokens"),
+                 (LMState(4, [None] * 3), TypeError, r"block 0 \(PrimalAttention\) expects a PrimalState, got NoneType"),
+                 (LMState(4, state.layers[:2]), ValueError, "expected 3 layer states, got 2"),
+                 (LMState(4, hybrid.layers), TypeError, "expects a PrimalState, got KVCache"),
+                 (LMState(4, [s._replace(total=s.total[:1], count=s.count[:1]) for s in state.layers]), ValueError,
+                  "does not fit batch 2")]
+        for bad, kind, message in cases:
+            with pytest.raises(kind, match=message):
+                model.step(tokens[:, 0], bad)
+        swapped = LMState(4, state.layers[::-1])  # same shapes: accepted, as any state of this model would be
+        model.step(tokens[:, 0], swapped)
+
+
 def test_generate_validates_temperature_and_top_k() -> None:
     model = lm(PATTERNS["hybrid"])
     prompt = torch.randint(0, 23, (2, 5), generator=torch.Generator().manual_seed(2))

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from primal_attention.layers.primal import PrimalAttention, PrimalState
 from primal_attention.layers.softmax import KVCache
 from primal_attention.models.transformer import Activation, StackConfig
 from primal_attention.models.dropout import Dropout
@@ -118,10 +119,10 @@ class CausalLM(nn.Module):
             if low < 0 or high >= self.config.vocab_size:
                 raise ValueError(f"CausalLM.step: token ids must be in [0, {self.config.vocab_size}), got [{low}, {high}]")
         if state is not None:
-            self._check_state(state)
+            self._check_state(state, tokens_t.shape[0])
         return self._step(tokens_t, state)
 
-    def _check_state(self, state: LMState) -> None:
+    def _check_state(self, state: LMState, batch: int) -> None:
         if not isinstance(state, LMState):
             raise TypeError(f"CausalLM.step: expected an LMState (or None to start), got {type(state).__name__}")
         position = state.position
@@ -131,11 +132,26 @@ class CausalLM(nn.Module):
             raise ValueError(f"CausalLM.step: position {position} is past max_seq_len {self.config.max_seq_len}")
         if not isinstance(state.layers, (list, tuple)):
             raise TypeError(f"CausalLM.step: expected state.layers to be a list, got {type(state.layers).__name__}")
-        for i, layer in enumerate(state.layers):
+        blocks = self.decoder.blocks
+        if len(state.layers) != len(blocks):
+            raise ValueError(f"CausalLM.step: expected {len(blocks)} layer states, got {len(state.layers)}")
+        for i, (layer, block) in enumerate(zip(state.layers, blocks)):
+            want = PrimalState if isinstance(block.attn, PrimalAttention) else KVCache
+            if not isinstance(layer, want):
+                raise TypeError(f"CausalLM.step: block {i} ({type(block.attn).__name__}) expects a {want.__name__}, got "
+                                f"{type(layer).__name__} (a state of another model, or swapped layers?)")
+            if isinstance(layer, PrimalState):
+                if not (isinstance(layer.total, Tensor) and isinstance(layer.count, Tensor)) or layer.total.dim() != 2 \
+                        or layer.total.shape[0] != batch or layer.total.shape[1] != 2 * self.config.dim \
+                        or tuple(layer.count.shape) != (batch,):
+                    raise ValueError(f"CausalLM.step: block {i}'s PrimalState does not fit batch {batch} and width "
+                                     f"{self.config.dim}")
+                if batch and float(layer.count.max()) > position:
+                    raise ValueError(f"CausalLM.step: state.position is {position} but block {i} has summed "
+                                     f"{float(layer.count.max()):.0f} tokens (a state of another sequence, or an edited one?)")
             # A KV cache holds one entry per token so far: its length is the position (read from
-            # the shape, so no wait for the device). A primal state has no such length to compare.
-            if isinstance(layer, KVCache) and isinstance(layer.k, Tensor) and layer.k.dim() == 4 \
-                    and layer.k.shape[2] != position:
+            # the shape, so no wait for the device).
+            elif isinstance(layer.k, Tensor) and layer.k.dim() == 4 and layer.k.shape[2] != position:
                 raise ValueError(f"CausalLM.step: state.position is {position} but block {i}'s KV cache holds "
                                  f"{layer.k.shape[2]} tokens (a state of another sequence, or an edited one?)")
 

@@ -115,6 +115,8 @@ def step(weights: PrimalWeights, heads: int, x_t: Tensor, state: PrimalState, ma
     """
     batch = x_t.shape[0]
     acc = state.total.dtype
+    if mask_t is not None:
+        x_t = x_t.masked_fill(~mask_t[:, None], 0.0)  # a padding step is never read (NaN included)
     qk_weight, qk_bias = weights.qk()
     qk = F.linear(x_t, qk_weight, qk_bias)  # (B, 2D), in the autocast dtype under autocast
     if qk_transform is not None:
@@ -136,6 +138,8 @@ def prefill(weights: PrimalWeights, x: Tensor, mask: Tensor | None = None,
     """The state after the whole prefix x (B, N, D): Σ [q | k] over the real tokens (mask (B, N) bool,
     None: all real) and their count."""
     acc = accumulator_dtype(weights.q_weight.dtype)
+    if mask is not None:
+        x = x.masked_fill(~mask[:, :, None], 0.0)  # padding is never read (NaN included)
     qk_weight, qk_bias = weights.qk()
     qk = F.linear(x, qk_weight, qk_bias)
     if qk_transform is not None:

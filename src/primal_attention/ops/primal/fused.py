@@ -159,6 +159,10 @@ def primal_attention(
     """
     batch, seq_len, dim = x.shape
     d = dim // heads
+    if causal and mask is not None:
+        # a causal layer never reads a padding token (prefix sums leave it out, its row is the bias):
+        # zeroed, a NaN / inf there cannot reach a real row through 0 · NaN
+        x = x.masked_fill(~mask[:, :, None], 0.0)
     real = None if mask is None else mask.to(x.dtype)
     token_weight = real if (real is not None and sampling == "valid") else None
 
@@ -300,8 +304,8 @@ def mix_and_project(
     mixed = torch.einsum("bnghc,bghce->bnhe", f, head_map.expand(batch, -1, -1, -1, -1))
     if weights.mix_bias is not None:
         mixed = mixed + weights.mix_bias
-    if real is not None:
-        mixed = mixed * real[:, :, None, None]
+    if real is not None:  # a fill, not a product: a padding row is 0 (then out_proj's bias) even if it held NaN
+        mixed = mixed.masked_fill(real[:, :, None, None] == 0, 0.0)
     if training and dropout_p > 0.0:
         mixed = F.dropout(mixed, p=dropout_p, training=True)
     return F.linear(mixed.reshape(batch, seq_len, dim), weights.out_weight, weights.out_bias)
