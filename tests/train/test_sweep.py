@@ -44,6 +44,32 @@ def test_bad_grids_are_one_clear_error(specs, message) -> None:
         parse_grid(specs)
 
 
+def test_grid_values_are_kept_exactly() -> None:
+    """Two values equal to 6 digits are two points (two runs), not one run reported twice."""
+    grid = parse_grid(["optim.lr=1e-4,1.0000001e-4"])
+    names = [point_name(p) for p in grid_points(grid)]
+    assert len(set(names)) == 2 and names[1] == "optim.lr=0.00010000001"
+
+
+def test_a_store_of_another_config_is_refused(tmp_path) -> None:
+    """A stored cell is reused only for the same resolved config: a re-run with another --set is refused."""
+    store = tmp_path / "store"
+    cell = store / "points" / point_name({"optim.lr": 1e-3}) / "seed_0.json"
+    cell.parent.mkdir(parents=True)
+    sets = [*TINY, "optim.lr=0.001", "train.protocol=holdout", "train.threads=1"]
+    command = f"primal train {CONFIG} --out x --seeds 0 --resume " + " ".join(f"--set {s}" for s in sets)
+    cell.write_text(json.dumps({"best_val_acc": 0.5, "command": command}))
+    Sweep(CONFIG, {"optim.lr": [1e-3]}, tmp_path / "out", store, overrides=tuple(TINY))  # the same: accepted
+    with pytest.raises(ConfigError, match=r"trained with another config \(differs in train.epochs\)"):
+        Sweep(CONFIG, {"optim.lr": [1e-3]}, tmp_path / "out", store, overrides=(*TINY, "train.epochs=3"))
+    cell.write_text(json.dumps({"best_val_acc": 0.5, "config": {"optim.lr": 1.0}}))
+    with pytest.raises(ConfigError, match="differs in"):
+        Sweep(CONFIG, {"optim.lr": [1e-3]}, tmp_path / "out", store, overrides=tuple(TINY))
+    cell.write_text("{not json")
+    with pytest.raises(ConfigError, match="is not a stored sweep cell"):
+        Sweep(CONFIG, {"optim.lr": [1e-3]}, tmp_path / "out", store, overrides=tuple(TINY))
+
+
 def _point(lr: float, val: float, test: float) -> SweepPoint:
     return SweepPoint({"optim.lr": lr}, point_name({"optim.lr": lr}), val, test, {})
 

@@ -20,12 +20,13 @@ from primal_attention.train.trainer import run_seeds
 
 
 def run_stored(config: Path, store: Path, work: Path, seed: int, overrides: Sequence[str] = (), *,
-               history_columns: Sequence[str] = ()) -> dict:
+               history_columns: Sequence[str] = (), config_record: dict | None = None) -> dict:
     """Metrics of ``config`` with ``overrides`` for ``seed``, trained only if ``store`` is missing.
 
     The run lives in ``work/seed_<seed>`` and resumes from its checkpoints; the metrics are written
     to ``store`` with the equivalent ``primal train`` command and the evaluation history
-    (:func:`evaluation_history`, keeping also the columns that start with ``history_columns``).
+    (:func:`evaluation_history`, keeping also the columns that start with ``history_columns``), and
+    ``config_record`` (the resolved config a sweep keys its cells by) when given.
     """
     if store.is_file():
         return json.loads(store.read_text())
@@ -38,6 +39,8 @@ def run_stored(config: Path, store: Path, work: Path, seed: int, overrides: Sequ
     metrics = json.loads((work / f"seed_{seed}" / "metrics.json").read_text())
     metrics["command"] = shlex.join(command)
     metrics["history"] = evaluation_history(work / f"seed_{seed}" / "history.csv", history_columns)
+    if config_record is not None:
+        metrics["config"] = config_record
     store.parent.mkdir(parents=True, exist_ok=True)
     store.write_text(json.dumps(metrics, indent=2))
     return metrics

@@ -105,8 +105,10 @@ def point_name(point: dict[str, Any]) -> str:
 
 
 def _fmt(value: Any) -> str:
+    """A value as a grid point's name and its ``--set`` spell it: floats exactly (the shortest text that
+    reads back as the same float, so 1.0000001e-4 and 1e-4 are two points, not one run reported twice)."""
     if isinstance(value, float):
-        return f"{value:g}"
+        return repr(value)
     return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
 
 
@@ -192,9 +194,54 @@ class Sweep:
                               "the chosen point's sweep run is what selected it (use e.g. --seeds 1,2,3)")
         if self.threads < 1:
             raise ConfigError(f"threads must be >= 1, got {self.threads}")
-        # Fail now, on every point, for what would fail only when that point's turn comes.
+        # Fail now, on every point, for what would fail only when that point's turn comes, and for a store
+        # whose points were trained with another resolved config (another --set, an edited config).
         for point in grid_points(self.grid):
-            check_buildable(load_config(self.config, self._sets(point)))
+            cfg = load_config(self.config, self._sets(point))
+            check_buildable(cfg)
+            self._check_stored(point, cfg)
+
+    def _check_stored(self, point: dict[str, Any], cfg: Any) -> None:
+        """ConfigError when a stored cell of ``point`` was trained with a resolved config other than ``cfg``."""
+        folders = [self.store / "points" / point_name(point)]
+        if self.chosen_or_none_point() == point:
+            folders.append(self.store / "final" / point_name(point))
+        want = resolved(cfg)
+        for folder in folders:
+            for path in sorted(folder.glob("seed_*.json")) if folder.is_dir() else []:
+                try:
+                    stored = json.loads(path.read_text())
+                except (OSError, ValueError) as err:
+                    raise ConfigError(f"{path} is not a stored sweep cell ({err}); remove it to train it again") from err
+                had = stored.get("config") or self._config_of_command(stored.get("command"))
+                if had is None:
+                    continue
+                diff = sorted(k for k in set(had) | set(want) if had.get(k) != want.get(k))
+                if diff:
+                    raise ConfigError(f"{path} was trained with another config (differs in {', '.join(diff[:4])}"
+                                      f"{', ...' if len(diff) > 4 else ''}): use another --store, or the same --set")
+
+    def chosen_or_none_point(self) -> dict[str, Any] | None:
+        """The chosen point when the stored grid is complete (read from the store), else None."""
+        path = self.store / "sweep.json"
+        if not path.is_file():
+            return None
+        try:
+            return json.loads(path.read_text()).get("chosen")
+        except ValueError:
+            return None
+
+    def _config_of_command(self, command: str | None) -> dict[str, Any] | None:
+        """The resolved config of a cell stored before cells kept their config: its ``--set`` values on
+        this sweep's config file."""
+        if not command:
+            return None
+        words = shlex.split(command)
+        sets = [words[i + 1] for i, w in enumerate(words[:-1]) if w == "--set"]
+        try:
+            return resolved(load_config(self.config, sets))
+        except ConfigError:
+            return None
 
     def _sets(self, point: dict[str, Any]) -> list[str]:
         # The holdout protocol is what makes the selection honest: it is forced, not configurable.
@@ -247,7 +294,8 @@ class Sweep:
             except BlockingIOError:
                 return False  # another worker trains it
             if not path.is_file():
-                run_stored(self.config, path, self.out / "work" / point_name(point), seed, self._sets(point))
+                run_stored(self.config, path, self.out / "work" / point_name(point), seed, self._sets(point),
+                           config_record=resolved(load_config(self.config, self._sets(point))))
         return True
 
     def step(self, *, finals: bool = True) -> bool:
@@ -321,6 +369,28 @@ class Sweep:
             tmp.write_text(text)
             os.replace(tmp, self.store / name)
         return rep
+
+
+#: config keys that do not change what a run computes (how it reports, how many threads it uses).
+_NOT_RESULT_KEYS = ("train.progress", "train.threads", "train.device", "train.retain_freed_memory", "name")
+
+
+def resolved(cfg: Any) -> dict[str, Any]:
+    """The resolved config of a run as flat ``{"section.key": value}``, without the keys that do not change
+    its result: what a stored sweep cell is keyed by."""
+    import dataclasses
+
+    flat: dict[str, Any] = {}
+
+    def walk(prefix: str, value: Any) -> None:
+        if dataclasses.is_dataclass(value):
+            for f in dataclasses.fields(value):
+                walk(f"{prefix}{f.name}.", getattr(value, f.name))
+        else:
+            flat[prefix[:-1]] = value
+
+    walk("", cfg)
+    return {k: v for k, v in flat.items() if k not in _NOT_RESULT_KEYS}
 
 
 def _shown(path: Path) -> str:
