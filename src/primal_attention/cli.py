@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -17,6 +18,12 @@ def _selfcheck(args: argparse.Namespace) -> int:
     from primal_attention.bench.timing import time_callable
     from primal_attention.selfcheck import check_case, reference_files
 
+    if args.dim % args.heads:
+        print(f"primal selfcheck: error: --heads {args.heads} must divide --dim {args.dim}", file=sys.stderr)
+        return 2
+    if args.json and not os.access(Path(args.json).resolve().parent, os.W_OK):
+        print(f"primal selfcheck: error: --json {args.json}: its folder is not a writable directory", file=sys.stderr)
+        return 2
     torch.manual_seed(0)
     dirs = [Path(d) for d in args.reference_dir]
     ok = True
@@ -63,6 +70,10 @@ def _seeds(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"--seeds expects comma-separated integers, got {text!r}") from err
     if not seeds:
         raise argparse.ArgumentTypeError("--seeds needs at least one seed")
+    if any(not 0 <= s < 2**32 for s in seeds):
+        raise argparse.ArgumentTypeError(f"--seeds must be integers in [0, 2**32), got {text!r}")
+    if len(set(seeds)) != len(seeds):
+        raise argparse.ArgumentTypeError(f"--seeds repeats a seed: {text!r}")
     return seeds
 
 
@@ -120,7 +131,7 @@ def _train(args: argparse.Namespace) -> int:
     finally:
         if main_thread:  # None: the previous handler was not set from Python
             signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
-    if int(__import__("os").environ.get("RANK", "0")) == 0:
+    if int(os.environ.get("RANK", "0")) == 0:
         from primal_attention.train.families import get_family
 
         wanted = (*get_family(cfg.data.family).summary_metrics, "wall_time_s")
@@ -474,9 +485,30 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: set to 1 to see the traceback of an error that a command reports in one line.
+DEBUG_ENV = "PRIMAL_DEBUG"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one ``primal`` command. Each command reports the errors it knows in its own words; any other
+    exception still ends in one line on stderr (its type and message) and exit status 2, never a
+    traceback (``PRIMAL_DEBUG=1`` shows it); Ctrl-C is exit status 130."""
+    import os
+
     args = build_parser().parse_args(argv)
-    return int(args.func(args) or 0)
+    name = " ".join(str(getattr(args, k)) for k in ("command", "data_command") if getattr(args, k, None))
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        print(f"primal {name}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as err:  # noqa: BLE001 - the last guard: one line, not a traceback
+        if os.environ.get(DEBUG_ENV):
+            raise
+        text = " ".join(str(err).split()) or "(no message)"
+        print(f"primal {name}: error: {type(err).__name__}: {text[:500]} ({DEBUG_ENV}=1 shows the traceback)",
+              file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -44,7 +44,14 @@ def reference_files(*dirs: Path) -> list[Path]:
 
 def load_reference(path: Path, dtype: torch.dtype = torch.float32) -> tuple[PrimalAttention, dict[str, np.ndarray]]:
     """Our layer carrying a reference file's weights, and the file's arrays."""
-    d = dict(np.load(path))
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            d = dict(z)
+        missing = [k for k in ("x", "kind", "heads", "rank", "out") if k not in d]
+        if missing:
+            raise ValueError(f"no {', '.join(missing)}")
+    except (OSError, ValueError, EOFError) as err:
+        raise ValueError(f"{path} is not a reference-vector .npz ({err})") from None
     causal = str(d["kind"]) == "causal"
     layer = PrimalAttention(
         d["x"].shape[-1],

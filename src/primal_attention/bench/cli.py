@@ -24,6 +24,16 @@ def _ints(text: str) -> tuple[int, ...]:
     return tuple(sorted(set(values)))
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
 def _choices(allowed: tuple[str, ...] | list[str]):
     def parse(text: str) -> tuple[str, ...]:
         values = tuple(v.strip() for v in text.split(",") if v.strip())
@@ -46,18 +56,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="models of the decode level (default transformer,primal+,primalformer; gpt2-hf: Hugging Face "
                         "GPT-2 of the same shape with its KV cache, needs transformers)")
     p.add_argument("--seq-lens", type=_ints, help="comma-separated N, e.g. 256,1024,4096")
-    p.add_argument("--batch", type=int)
+    p.add_argument("--batch", type=_positive_int)
     p.add_argument("--dtypes", type=_choices(DTYPES), help="fp32,bf16 (bf16 = autocast)")
     p.add_argument("--modes", type=_choices(MODES), help="eager,compile")
     p.add_argument("--methods", type=_choices(list(METHODS)), help=f"subset of {','.join(METHODS)}")
     p.add_argument("--compile-methods", type=_choices(list(METHODS)), help="methods also run under torch.compile")
-    p.add_argument("--repeats", type=int)
+    p.add_argument("--repeats", type=_positive_int)
     p.add_argument("--warmup", type=int)
     p.add_argument("--time-budget", type=float, dest="time_budget_s", help="seconds per call before a method stops")
     p.add_argument("--memory-budget-gb", type=float, help="GB per call before a method stops (default: half the free memory)")
     p.add_argument("--max-minutes", type=float, help="stop the whole grid (marked) after this long")
     p.add_argument("--device", help="cpu or cuda[:i]")
-    p.add_argument("--threads", type=int, help="torch threads (default: torch's)")
+    p.add_argument("--threads", type=_positive_int, help="torch threads (default: torch's)")
     p.add_argument("--no-memory", action="store_true", help="skip the isolated peak-memory measurement")
     p.add_argument("--authors-repo", help="an export of the authors' repository (yingyichen-cyy/PrimalAttention): "
                    "enables the `authors` method (their PrimalFormer, run side by side)")

@@ -216,7 +216,7 @@ class Conversion:
             return None
         from tqdm.auto import tqdm
 
-        return tqdm(total=total, initial=initial, desc=desc, dynamic_ncols=True)
+        return tqdm(disable=None, total=total, initial=initial, desc=desc, dynamic_ncols=True)
 
     def _loop(self, state: dict[str, Any], stage: str, total: int, loss_at: Callable[[int], tuple[Tensor, Tensor, dict]],
               make_opt: Callable[[int], tuple], renew: Callable[[int], bool] = lambda step: False,

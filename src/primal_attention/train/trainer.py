@@ -238,7 +238,7 @@ class Trainer:
         if t.progress and self.is_main:
             from tqdm.auto import tqdm
 
-            bar = tqdm(total=loop.total, initial=loop.step, desc=f"{self.cfg.name} seed {t.seed}", dynamic_ncols=True)
+            bar = tqdm(disable=None, total=loop.total, initial=loop.step, desc=f"{self.cfg.name} seed {t.seed}", dynamic_ncols=True)
         round_len = t.eval_every if t.steps is not None else loop.steps_per_epoch
         eval_every_rounds = 1 if t.steps is not None else t.eval_every
         loop.started = (time.perf_counter(), time.process_time())

@@ -168,7 +168,7 @@ def _listops_stream(n: int, gen: dict, progress: bool) -> tuple[np.ndarray, np.n
     if progress:
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=n, desc="ListOps", unit="expr")
+        bar = tqdm(disable=None, total=n, desc="ListOps", unit="expr")
     ids, lengths, values = [], np.zeros(n, np.int64), np.zeros(n, np.int64)
     for i in range(n):
         expr = next(stream)

@@ -211,7 +211,7 @@ def generate_listops(num_examples: int, *, seed: int = 0, min_length: int = 500,
     if progress:
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=num_examples, desc="ListOps", unit="expr")
+        bar = tqdm(disable=None, total=num_examples, desc="ListOps", unit="expr")
     expressions = []
     for _ in range(num_examples):
         expressions.append(next(stream))

@@ -487,7 +487,7 @@ def generate_pathfinder(num_examples: int, *, seed: int | tuple[int, ...] = 0,
     if progress:
         from tqdm.auto import tqdm
 
-        chunks = tqdm(chunks, desc=f"Pathfinder-{cfg.image_size}, contour length {cfg.contour_length}",
+        chunks = tqdm(chunks, disable=None, desc=f"Pathfinder-{cfg.image_size}, contour length {cfg.contour_length}",
                       unit="block")
     entropy = list(seed) if isinstance(seed, tuple) else [seed]
     parts = [_chunk(cfg, _CHUNK, np.random.default_rng(np.random.SeedSequence([*entropy, i]))) for i in chunks]
