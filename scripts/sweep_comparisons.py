@@ -240,12 +240,22 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--only", help="comma-separated comparisons (default: all, in priority order)")
     p.add_argument("--list", action="store_true", help="print each sweep's state and exit")
+    p.add_argument("--baselines", action="store_true",
+                   help="compute (and cache) the trivial baselines of each comparison on its final seeds' splits, then exit")
     p.add_argument("--poll", type=float, default=60.0, help="seconds between passes while others hold the cells left")
     args = p.parse_args()
     names = args.only.split(",") if args.only else list(COMPARISONS)
     unknown = sorted(set(names) - set(COMPARISONS))
     if unknown:
         p.error(f"unknown comparison(s) {', '.join(unknown)}; expected {', '.join(COMPARISONS)}")
+    if args.baselines:
+        for comparison in names:
+            if waiting_for(comparison):
+                continue
+            rows = baselines(comparison)
+            print(comparison, {k: [round(v, 4) for v in r.get("test_acc", r.get("test_loss", r.get("test_score", [])))]
+                               for k, r in rows.items()}, flush=True)
+        return
     if args.list:
         sweeps = [(c, s) for c in names for s in sweeps_of(c)]
         for comparison, s in sweeps:

@@ -3,7 +3,9 @@
 ``trivial_baselines(cfg)`` builds the data of ``cfg`` under the holdout protocol (the same validation
 split, drawn with ``train.seed``, that the models are selected on) and scores, per family:
 
-* classification (UEA, LRA, vision): the **majority class** of TRAIN; a **position-blind** MLP on features
+* classification (UEA, LRA, vision): the **majority class** of TRAIN; a **linear** classifier on the raw
+  input (pixels; the flattened, length-padded series; hashed bags of token 1- and 2-grams for token
+  tasks), its weight decay selected on validation; a **position-blind** MLP on features
   that ignore order — token frequencies (the bag of tokens; for LRA Image, the grey-level histogram),
   per-channel statistics of a time series (mean, std, min, max over the real steps), or per-channel
   pixel histograms of an image — with its epoch selected on validation; for ListOps also the
@@ -30,7 +32,7 @@ from primal_attention.train.data import build_splits
 from primal_attention.train.families import get_family
 
 __all__ = ["trivial_baselines", "majority_class", "first_token_lookup", "ngram_lm", "position_blind_features",
-           "fit_mlp", "lm_baselines"]
+           "fit_mlp", "lm_baselines", "raw_features", "fit_linear"]
 
 
 def majority_class(train_y: Tensor, *ys: Tensor) -> list[float]:
@@ -102,6 +104,74 @@ def position_blind_features(splits: list[Any], *, bins: int = 32) -> tuple[list[
             return feats, what + " of both documents, [u, v, u·v, |u−v|]"
         return [one(d.x, d.mask) for d in splits], what
     return [_channel_stats(d.x, d.mask) for d in splits], "per-channel mean, std, min, max over the real steps"
+
+
+#: hashed n-gram buckets of the linear baseline on token tasks.
+NGRAM_BUCKETS = 4096
+
+
+def _ngram_bag(x: Tensor, mask: Tensor, vocab: int, buckets: int) -> Tensor:
+    """Frequencies of token unigrams and bigrams over the real tokens, bigrams hashed into ``buckets`` (M, V + buckets)."""
+    m = x.shape[0]
+    uni = _bag(x, mask, vocab)[:, :vocab]
+    pair_real = (mask[:, 1:] & mask[:, :-1]).float()
+    code = (x[:, :-1].long() * 1_000_003 + x[:, 1:].long()) % buckets
+    bi = torch.zeros(m, buckets)
+    bi.scatter_add_(1, code, pair_real)
+    return torch.cat([uni, bi / pair_real.sum(1, keepdim=True).clamp_min(1)], dim=1)
+
+
+def raw_features(splits: list[Any]) -> tuple[list[Tensor], str]:
+    """The raw input of each split as a vector, for a linear model, and a description: pixels of images;
+    the grey levels of LRA Image and the pixels of Pathfinder (tokens = value + 1); hashed bags of token
+    1- and 2-grams for the other token tasks (both documents' concatenated for two-document tasks); the
+    flattened series for time series, zero past each series' end."""
+    train = splits[0]
+    if train.x.dim() == 4:
+        return [d.x.reshape(d.x.shape[0], -1).float() for d in splits], "raw pixels"
+    if train.vocab_size is not None:
+        if train.name.lower().startswith(("image", "cifar", "pathfinder", "fashion")):
+            return [(d.x.float() - 1.0) * d.mask.float() for d in splits], "raw pixel values (token − 1)"
+        one = lambda x, m: _ngram_bag(x, m, train.vocab_size, NGRAM_BUCKETS)  # noqa: E731
+        what = f"token 1-gram and hashed 2-gram ({NGRAM_BUCKETS} buckets) frequencies"
+        if train.x2 is not None:
+            return [torch.cat([one(d.x, d.mask), one(d.x2, d.mask2)], dim=1) for d in splits], what + " of both documents"
+        return [one(d.x, d.mask) for d in splits], what
+    return [(d.x * d.mask[..., None]).reshape(d.x.shape[0], -1).float() for d in splits], \
+        "the flattened series, zero-padded past its end"
+
+
+def fit_linear(train: tuple[Tensor, Tensor], val: tuple[Tensor, Tensor], test: tuple[Tensor, Tensor], num_classes: int,
+               *, decays: tuple[float, ...] = (1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1), steps: int = 300, seed: int = 0
+               ) -> tuple[float, float, float]:
+    """Multinomial logistic regression on standardised features, full batch (L-BFGS), one fit per L2
+    weight decay; returns (val, test accuracy, decay) of the decay with the best validation accuracy
+    (ties: the larger decay). Test is scored once, for that decay."""
+    (xt, yt), (xv, yv), (xs, ys) = train, val, test
+    mean, std = xt.mean(0), xt.std(0).clamp_min(1e-6)
+    xt, xv, xs = ((a - mean) / std for a in (xt, xv, xs))
+    best: tuple[float, float, nn.Module | None] = (-1.0, 0.0, None)
+    for decay in sorted(decays, reverse=True):
+        torch.manual_seed(seed)
+        model = nn.Linear(xt.shape[1], num_classes)
+        opt = torch.optim.LBFGS(model.parameters(), lr=1.0, max_iter=steps, history_size=20,
+                                line_search_fn="strong_wolfe")
+
+        def closure() -> Tensor:
+            opt.zero_grad(set_to_none=True)
+            loss = F.cross_entropy(model(xt), yt) + decay * model.weight.square().sum()
+            loss.backward()
+            return loss
+
+        opt.step(closure)
+        with torch.no_grad():
+            acc_v = float((model(xv).argmax(-1) == yv).float().mean())
+        if acc_v > best[0]:
+            best = (acc_v, decay, model)
+    acc_v, decay, model = best
+    with torch.no_grad():
+        acc_t = float((model(xs).argmax(-1) == ys).float().mean())
+    return acc_v, acc_t, decay
 
 
 def fit_mlp(train: tuple[Tensor, Tensor], val: tuple[Tensor, Tensor], test: tuple[Tensor, Tensor], num_classes: int, *,
