@@ -116,7 +116,11 @@ def test_primalize_replaces_chosen_layers_with_config_settings(name):
         name, "attention_probs_dropout_prob")
     assert primal.dropout == getattr(model.config, dropout)
     assert primal.sampling == "valid"
-    assert model.config.primal_attention == [{"layers": [1], "options": RANK}]
+    record = model.config.primal_attention
+    assert len(record) == 1 and record[0]["layers"] == [1] and record[0]["options"] == RANK
+    built = record[0]["resolved"]["1"]  # every option the layer was built with, today's defaults included
+    assert built["rank"] == 4 and built["sampling"] == "valid" and built["dropout"] == primal.dropout
+    assert built["impl"] == "fast" and built["positive_lambda"] is False
     # the other layer keeps HF's softmax attention
     family = hf.FAMILIES[name]
     assert sum(family.is_self_attention(m) for m in model.modules()) == 1
@@ -451,7 +455,8 @@ def test_save_load_round_trip(tmp_path, name, cls, layers):
     model = build(name, double=True, layers=layers)
     model.save_pretrained(tmp_path)
     saved = json.loads((tmp_path / "config.json").read_text())["primal_attention"]
-    assert saved == [{"layers": [1] if layers == [-1] else [0] if layers == [0] else [0, 1], "options": RANK}]
+    assert [{k: r[k] for k in ("layers", "options")} for r in saved] == \
+        [{"layers": [1] if layers == [-1] else [0] if layers == [0] else [0, 1], "options": RANK}]
     loaded = hf.from_pretrained(cls, tmp_path)
     assert not loaded.training and next(loaded.parameters()).dtype == torch.float64
     assert hf.primal_settings(loaded) == hf.primal_settings(model)
@@ -537,7 +542,45 @@ def test_meta_masks_are_not_read():
     assert hf.padding_mask(torch.ones(1, 1, 4, 4, dtype=torch.bool, device="meta"), 4, causal=True) is None
 
 
-def test_static_cache_is_refused_with_a_clear_error():
-    model = build("gpt2", layers=[-1])
+@pytest.mark.parametrize("layers", [[-1], "all"])
+def test_static_cache_is_refused_with_a_clear_error(layers):
+    model = build("gpt2", layers=layers)
     with pytest.raises(TypeError, match="DynamicCache"):
         model.generate(tokens(1, 4), max_new_tokens=2, cache_implementation="static")
+
+
+def test_from_pretrained_honours_dtype_and_device_and_refuses_bad_folders(tmp_path):
+    model = build("gpt2", layers="all")
+    model.save_pretrained(tmp_path / "m")
+    for kw in ({"dtype": torch.bfloat16}, {"torch_dtype": "bfloat16"}):
+        loaded = hf.from_pretrained(GPT2LMHeadModel, tmp_path / "m", **kw)
+        assert {p.dtype for p in loaded.parameters()} == {torch.bfloat16}
+    assert next(hf.from_pretrained(GPT2LMHeadModel, tmp_path / "m", device_map={"": "cpu"}).parameters()).device.type == "cpu"
+    with pytest.raises(ValueError, match="per-module device_map"):
+        hf.from_pretrained(GPT2LMHeadModel, tmp_path / "m", device_map={"transformer.h.0": "cpu"})
+    with pytest.raises(ValueError, match="floating torch.dtype"):
+        hf.from_pretrained(GPT2LMHeadModel, tmp_path / "m", dtype="int8")
+    with pytest.raises(TypeError, match="not one of BertForMaskedLM"):
+        hf.from_pretrained(BertForMaskedLM, tmp_path / "m")
+    config = json.loads((tmp_path / "m" / "config.json").read_text())
+    config["primal_attention"] = [{"layers": "oops"}]
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "config.json").write_text(json.dumps(config))
+    (bad / "model.safetensors").write_bytes((tmp_path / "m" / "model.safetensors").read_bytes()[:100])
+    with pytest.raises(ValueError, match="record 0 of 'primal_attention' is malformed"):
+        hf.from_pretrained(GPT2LMHeadModel, bad)
+    (bad / "config.json").write_text((tmp_path / "m" / "config.json").read_text())
+    with pytest.raises(ValueError, match="not a readable safetensors file"):
+        hf.from_pretrained(GPT2LMHeadModel, bad)
+    (bad / "model.safetensors").unlink()
+    (bad / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"w": "../m/model.safetensors"}}))
+    with pytest.raises(ValueError, match="names a shard outside"):
+        hf.from_pretrained(GPT2LMHeadModel, bad)
+
+
+def test_option_typos_and_rope_with_the_reference_path_fail_at_primalize():
+    with pytest.raises(ValueError, match="unknown option rnak; expected one of"):
+        hf.primalize(gpt2(), rnak=4)
+    with pytest.raises(ValueError, match="impl='reference' has no qk_transform"):
+        hf.primalize(llama(), impl="reference", **RANK)

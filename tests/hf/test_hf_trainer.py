@@ -119,3 +119,33 @@ def test_gradient_accumulation_scales_the_ksvd_term_like_the_task_loss(tmp_path)
     assert lam
     for k in whole:
         torch.testing.assert_close(accumulated[k], whole[k], rtol=1e-5, atol=1e-6, msg=k)
+
+
+def test_the_plain_trainer_with_the_loss_func_trains_lambda_and_matches_primal_trainer(tmp_path) -> None:
+    from transformers import Trainer
+
+    model = tiny_gpt2().train()
+    primal = next(m.primal for m in model.modules() if isinstance(m, hf.PrimalSelfAttention))
+    lam = primal.lam.detach().clone()
+    loss_func = hf.KSVDLossFunc(model, eta=0.5)
+    batch = {k: torch.stack([row[k] for row in dataset()[:2]]) for k in ("input_ids", "labels", "attention_mask")}
+    plain = Trainer(model=model, args=arguments(tmp_path / "plain"), compute_loss_func=loss_func)
+    got = plain.compute_loss(model, dict(batch))
+    want = hf.PrimalTrainer(model=model, args=arguments(tmp_path / "sub"), ksvd_eta=0.5).compute_loss(model, dict(batch))
+    torch.testing.assert_close(got, want)
+    assert loss_func.pop_logged() > 0
+    trainer = Trainer(model=model, args=arguments(tmp_path / "run"), train_dataset=dataset(), compute_loss_func=loss_func)
+    trainer.train()
+    assert not torch.equal(primal.lam.detach(), lam)  # Λ enters only the KSVD term: it trained
+    loss_func.close()
+
+
+def test_a_plain_trainer_without_the_term_warns_once(tmp_path) -> None:
+    from transformers import Trainer
+
+    model = tiny_gpt2().train()
+    with pytest.warns(UserWarning, match="training without their KSVD term") as caught:
+        Trainer(model=model, args=arguments(tmp_path), train_dataset=dataset()).train()
+    assert sum("KSVD term" in str(w.message) for w in caught) == 1
+    with pytest.raises(ValueError, match="no language-model loss_function"):
+        hf.KSVDLossFunc(torch.nn.Linear(2, 2), eta=0.1)

@@ -18,11 +18,12 @@ from primal_attention.hf.attention import PrimalSelfAttention, padding_mask
 from primal_attention.hf.cache import PrimalCacheLayer, cache_nbytes
 from primal_attention.hf.families import FAMILIES, Family, register_family, supported_model_types
 from primal_attention.hf.primalize import from_pretrained, primal_settings, primalize
-from primal_attention.hf.trainer import PrimalTrainer
+from primal_attention.hf.trainer import KSVDLossFunc, PrimalTrainer
 
 __all__ = [
     "FAMILIES",
     "Family",
+    "KSVDLossFunc",
     "PrimalCacheLayer",
     "PrimalSelfAttention",
     "PrimalTrainer",

@@ -118,6 +118,8 @@ class PrimalSelfAttention(nn.Module):
             raise ValueError("primal layer: cross-attention (encoder_hidden_states) is not supported")
         if cache is None:
             cache = kwargs.get("past_key_values")
+        if cache is not None and self.primal.causal:
+            primal_cache_layer(cache, self.layer_idx)  # a static / quantized cache: one clear error, before the mask
         x = hidden_states
         n = x.shape[1]
         real = padding_mask(attention_mask, n, causal=self.primal.causal)

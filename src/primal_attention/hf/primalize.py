@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -13,7 +14,7 @@ from transformers import AutoConfig, PreTrainedModel
 
 from primal_attention.hf.attention import OUTPUT_ATTENTIONS_ERROR, PrimalSelfAttention
 from primal_attention.hf.families import Family, copy_projections, family_of
-from primal_attention.layers.primal import PrimalAttention
+from primal_attention.layers.primal import PrimalAttention, is_collected
 
 #: the config attribute (and config.json key) that records every primalize call of a model.
 CONFIG_KEY = "primal_attention"
@@ -53,10 +54,45 @@ def _resolve_layers(layers: str | int | Sequence[int], count: int) -> list[int]:
     return sorted(out)
 
 
+def _primal_option_names() -> list[str]:
+    """The keyword options of PrimalAttention a caller may give (not those the config fixes)."""
+    import inspect
+
+    params = inspect.signature(PrimalAttention.__init__).parameters
+    return sorted(k for k, p in params.items() if k not in ("self", "embed_dim", "num_heads", *_FIXED)
+                  and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD))
+
+
+def _resolved_options(options: dict[str, Any]) -> dict[str, Any]:
+    """Every PrimalAttention option a layer was built with: the given ones and today's defaults (JSON values)."""
+    import inspect
+
+    params = inspect.signature(PrimalAttention.__init__).parameters
+    out = {k: params[k].default for k in _primal_option_names()}
+    out.update(options)
+    return {k: v for k, v in out.items() if v is None or isinstance(v, (bool, int, float, str))}
+
+
 def _refuse_output_attentions(module: nn.Module, args: tuple, kwargs: dict) -> None:
     """Forward pre-hook: a clear error instead of an ``attentions`` output that silently skips primal layers."""
     if kwargs.get("output_attentions") or getattr(module.config, "output_attentions", False):
         raise ValueError(OUTPUT_ATTENTIONS_ERROR)
+
+
+#: the message of a training forward whose primal layers' KSVD terms no collector takes.
+NO_KSVD_WARNING = ("primal_attention.hf: primal layers are training without their KSVD term (no ksvd_terms collector "
+                   "is open: a plain transformers.Trainer?); pass compute_loss_func=hf.KSVDLossFunc(model, eta) to the "
+                   "Trainer, use hf.PrimalTrainer, or collect with primal_attention.ksvd_terms(model)")
+
+
+def _warn_without_ksvd(module: nn.Module, args: tuple, kwargs: dict) -> None:
+    """Forward pre-hook: warn once per model when it trains with gradients and no collector takes its terms."""
+    if getattr(module, "_primal_ksvd_warned", False) or not (module.training and torch.is_grad_enabled()):
+        return
+    layers = [m.primal for m in module.modules() if isinstance(m, PrimalSelfAttention)]
+    if layers and not any(is_collected(layer) for layer in layers):
+        warnings.warn(NO_KSVD_WARNING, UserWarning, stacklevel=3)
+        module._primal_ksvd_warned = True
 
 
 def _install_hooks(model: PreTrainedModel) -> None:
@@ -64,6 +100,9 @@ def _install_hooks(model: PreTrainedModel) -> None:
         if not getattr(module, "_primal_attention_hook", False):
             module.register_forward_pre_hook(_refuse_output_attentions, with_kwargs=True)
             module._primal_attention_hook = True
+    if not getattr(model, "_primal_ksvd_hook", False):
+        model.register_forward_pre_hook(_warn_without_ksvd, with_kwargs=True)
+        model._primal_ksvd_hook = True
 
 
 def primalize(
@@ -109,6 +148,11 @@ def primalize(
     fixed = [k for k in _FIXED if k in primal_options]
     if fixed:
         raise ValueError(f"primalize: {fixed} come from the model's config and cannot be set")
+    allowed = _primal_option_names()
+    unknown = sorted(set(primal_options) - set(allowed))
+    if unknown:
+        raise ValueError(f"primalize: unknown option{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}; expected "
+                         f"one of {', '.join(allowed)}")
     config = model.config
     family = family_of(config)
     slots = _attention_slots(model, family)
@@ -120,10 +164,15 @@ def primalize(
         if isinstance(slots[i][1], PrimalSelfAttention):
             raise ValueError(f"primalize: layer {i} is already primal")
 
+    resolved: dict[str, dict[str, Any]] = {}
     for i in chosen:
         name, old = slots[i]
         settings = family.settings(config, old, i)
         options = {**settings.defaults, **primal_options}
+        if settings.rotary is not None and options.get("impl") == "reference":
+            raise ValueError("primalize: impl='reference' has no qk_transform, and this model applies RoPE; "
+                             "use impl='fast' (the default)")
+        resolved[str(i)] = _resolved_options(options)
         primal = PrimalAttention(settings.embed_dim, settings.num_heads, causal=settings.causal, **options)
         weight = next(old.parameters())
         primal.to(device=weight.device, dtype=weight.dtype)
@@ -138,7 +187,8 @@ def primalize(
         setattr(model.get_submodule(parent_name), attr, wrapper)
 
     records = list(getattr(config, CONFIG_KEY, None) or [])
-    records.append({"layers": chosen, "options": dict(primal_options), **({"decode_plan": True} if decode_plan else {})})
+    records.append({"layers": chosen, "options": dict(primal_options), "resolved": resolved,
+                    **({"decode_plan": True} if decode_plan else {})})
     setattr(config, CONFIG_KEY, records)
     _install_hooks(model)
     return model
@@ -150,47 +200,93 @@ def primal_settings(model_or_config: PreTrainedModel | Any) -> list[dict[str, An
     return list(getattr(config, CONFIG_KEY, None) or [])
 
 
-def _load_weights(path: Path) -> dict[str, torch.Tensor]:
+def _load_file(file: Path) -> dict[str, torch.Tensor]:
+    """One safetensors file; a truncated or foreign file is a ValueError naming it."""
+    from safetensors import SafetensorError
     from safetensors.torch import load_file
 
+    try:
+        return load_file(file)
+    except (SafetensorError, OSError) as err:
+        raise ValueError(f"from_pretrained: {file} is not a readable safetensors file ({err})") from None
+
+
+def _load_weights(path: Path) -> dict[str, torch.Tensor]:
     single = path / "model.safetensors"
     if single.is_file():
-        return load_file(single)
+        return _load_file(single)
     index = path / "model.safetensors.index.json"
     if index.is_file():
         state: dict[str, torch.Tensor] = {}
-        for shard in sorted(set(json.loads(index.read_text())["weight_map"].values())):
-            state.update(load_file(path / shard))
+        try:
+            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (ValueError, KeyError, TypeError, AttributeError) as err:
+            raise ValueError(f"from_pretrained: {index} is not a safetensors index ({err})") from None
+        root = path.resolve()
+        for shard in shards:
+            file = (path / str(shard)).resolve()
+            if root not in file.parents:  # an index naming ../ or an absolute path
+                raise ValueError(f"from_pretrained: {index} names a shard outside {path}: {shard!r}")
+            state.update(_load_file(file))
         return state
     raise FileNotFoundError(f"from_pretrained: no model.safetensors (or its index) in {path}")
 
 
-def from_pretrained(model_class: type[M], path: str | Path, **config_overrides: Any) -> M:
+def from_pretrained(model_class: type[M], path: str | Path, *, dtype: torch.dtype | str | None = None,
+                    torch_dtype: torch.dtype | str | None = None, device_map: Any = None,
+                    **config_overrides: Any) -> M:
     """Rebuild a model saved with ``save_pretrained`` after :func:`primalize`, weights included.
 
     Builds ``model_class`` from the saved config, replays the recorded primalize calls and loads
-    the saved weights (in their saved dtype), then returns the model in eval mode, as HF's
-    ``from_pretrained`` does. ``model_class.from_pretrained`` itself would rebuild softmax layers
-    and drop the primal weights.
+    the saved weights, then returns the model in eval mode, as HF's ``from_pretrained`` does.
+    ``model_class.from_pretrained`` itself would rebuild softmax layers and drop the primal weights.
+
+    dtype (or HF's older name ``torch_dtype``): the weights' dtype, a ``torch.dtype``, its name
+    (``"bfloat16"``) or ``"auto"`` (the saved dtype; also the default). device_map: a device (``"cpu"``,
+    ``"cuda:0"``, a ``torch.device``) or ``{"": device}``, where the whole model goes; per-module maps
+    are refused (a primal model is placed whole). Other keywords override config fields.
 
     Raises:
-        ValueError: the saved config records no primalize call, or the weights do not match.
+        ValueError: the saved config records no primalize call, the weights do not match, an unknown
+            dtype or a per-module device_map; TypeError: ``model_class`` is not a transformers model class.
     """
+    if not (isinstance(model_class, type) and issubclass(model_class, PreTrainedModel)):
+        raise TypeError(f"from_pretrained: expected a transformers model class (e.g. GPT2LMHeadModel), got {model_class!r}")
+    if dtype is not None and torch_dtype is not None and dtype != torch_dtype:
+        raise ValueError(f"from_pretrained: dtype={dtype!r} and torch_dtype={torch_dtype!r} disagree; give one")
+    wanted = _resolve_dtype(dtype if dtype is not None else torch_dtype)
+    device = _resolve_device(device_map)
     path = Path(path)
     config = AutoConfig.from_pretrained(path, **config_overrides)
     records = primal_settings(config)
     if not records:
         raise ValueError(f"from_pretrained: {path} holds no primal model (no '{CONFIG_KEY}' in config.json); "
                          "load it with the model class's own from_pretrained")
+    family_config_class = getattr(model_class, "config_class", None)
+    if family_config_class is not None and not isinstance(config, family_config_class):
+        raise TypeError(f"from_pretrained: {path} holds a {type(config).__name__} model, not one of "
+                        f"{model_class.__name__} ({family_config_class.__name__})")
+    for i, record in enumerate(records):
+        if not isinstance(record, dict) or not isinstance(record.get("layers"), list) \
+                or not isinstance(record.get("options", {}), dict):
+            raise ValueError(f"from_pretrained: {path}/config.json: record {i} of '{CONFIG_KEY}' is malformed "
+                             f"(expected {{'layers': [...], 'options': {{...}}}}), got {record!r}")
     setattr(config, CONFIG_KEY, [])
     state = _load_weights(path)
-    dtype = next((t.dtype for t in state.values() if t.is_floating_point()), None)
+    saved = next((t.dtype for t in state.values() if t.is_floating_point()), None)
     model = model_class(config)
     for record in records:
-        primalize(model, layers=record["layers"], init="random", decode_plan=bool(record.get("decode_plan", False)),
-                  **record["options"])
-    if dtype is not None:
-        model.to(dtype)
+        plan = bool(record.get("decode_plan", False))
+        resolved = record.get("resolved")
+        if isinstance(resolved, dict) and resolved:  # every option as built: today's defaults do not matter
+            for layer, options in resolved.items():
+                primalize(model, layers=[int(layer)], init="random", decode_plan=plan, **options)
+        else:
+            primalize(model, layers=record["layers"], init="random", decode_plan=plan, **record.get("options", {}))
+    setattr(model.config, CONFIG_KEY, records)  # the calls as they were recorded, saved again as they came
+    target = wanted if wanted is not None else saved
+    if target is not None:
+        model.to(target)
     missing, unexpected = model.load_state_dict(state, strict=False)
     # Tied parameters (an LM head sharing the input embedding) are saved once, under one name.
     names_of: dict[int, list[str]] = {}
@@ -202,7 +298,38 @@ def from_pretrained(model_class: type[M], path: str | Path, **config_overrides: 
     if untied or unexpected:
         raise ValueError(f"from_pretrained: weights in {path} do not match the primal model: missing {untied}, "
                          f"unexpected {list(unexpected)}")
+    if device is not None:
+        model.to(device)
     return model.eval()
+
+
+def _resolve_dtype(value: torch.dtype | str | None) -> torch.dtype | None:
+    """None / "auto" -> None (the saved dtype); a torch.dtype or its name -> that dtype."""
+    if value is None or value == "auto":
+        return None
+    if isinstance(value, torch.dtype):
+        return value
+    found = getattr(torch, str(value), None)
+    if not isinstance(found, torch.dtype) or not found.is_floating_point:
+        raise ValueError(f"from_pretrained: dtype must be a floating torch.dtype, its name or 'auto', got {value!r}")
+    return found
+
+
+def _resolve_device(device_map: Any) -> torch.device | None:
+    """A whole-model device from ``device_map`` ("cpu", "cuda:0", a device, an int, {"": device}), or None."""
+    if device_map is None:
+        return None
+    if isinstance(device_map, dict):
+        if set(device_map) != {""}:
+            raise ValueError("from_pretrained: a per-module device_map is not supported for primal models; give one "
+                             "device (e.g. device_map='cuda:0' or {'': 0})")
+        device_map = device_map[""]
+    if device_map == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        return torch.device(device_map)
+    except (RuntimeError, TypeError) as err:
+        raise ValueError(f"from_pretrained: device_map {device_map!r} is not a device ({err})") from None
 
 
 def _get(model: nn.Module, name: str) -> Any:

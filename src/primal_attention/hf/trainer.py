@@ -1,4 +1,7 @@
-"""Train a primalized HF model with HF's ``Trainer``: task loss + η · KSVD loss, no hand-written loop."""
+"""Train a primalized HF model with HF's ``Trainer``: task loss + η · KSVD loss, no hand-written loop.
+
+Two ways: :class:`PrimalTrainer` (a Trainer subclass), or :class:`KSVDLossFunc` given to any Trainer
+(the plain ``transformers.Trainer``, and trainers built on it) as its ``compute_loss_func``."""
 
 from __future__ import annotations
 
@@ -80,3 +83,58 @@ class PrimalTrainer(Trainer):
             logs = {**logs, "ksvd_loss": sum(self._ksvd_logged) / len(self._ksvd_logged)}
             self._ksvd_logged = []
         super().log(logs, *args, **kwargs)
+
+
+class KSVDLossFunc:
+    """A ``compute_loss_func`` for ``transformers.Trainer``: the model's own task loss + η · KSVD loss.
+
+        loss_func = hf.KSVDLossFunc(model, eta=0.1, args=training_args)
+        trainer = transformers.Trainer(model=model, args=training_args, train_dataset=ds, compute_loss_func=loss_func)
+
+    It holds an open :func:`~primal_attention.ksvd_terms` collector of ``model`` (a handle: ``close()``
+    it, or drop the object, when training is over), so every training forward's KSVD terms reach the
+    next call; forwards without gradients (evaluation) are not kept. The task loss is the model's
+    ``loss_function`` on ``outputs.logits`` and the labels (causal and masked language models). With
+    ``args``, the KSVD term is divided by its ``gradient_accumulation_steps``, as the Trainer divides
+    nothing a ``compute_loss_func`` returns. The mean KSVD term since the previous call of
+    :meth:`pop_logged` is kept for logging.
+    """
+
+    def __init__(self, model: nn.Module, eta: float, *, args: TrainingArguments | None = None,
+                 reduction: str = "batch", form: str = "authors") -> None:
+        if not eta >= 0.0:
+            raise ValueError(f"KSVDLossFunc: eta must be >= 0, got {eta}")
+        if reduction not in REDUCTIONS:
+            raise ValueError(f"KSVDLossFunc: reduction must be one of {REDUCTIONS}, got {reduction!r}")
+        if form not in FORMS:
+            raise ValueError(f"KSVDLossFunc: form must be one of {FORMS}, got {form!r}")
+        if not callable(getattr(model, "loss_function", None)) or getattr(model.config, "vocab_size", None) is None:
+            raise ValueError(f"KSVDLossFunc: {type(model).__name__} has no language-model loss_function; use "
+                             "hf.PrimalTrainer, which adds the term to any head's loss")
+        self.model, self.eta, self.reduction, self.form = model, float(eta), reduction, form
+        self.accumulation = 1 if args is None else int(args.gradient_accumulation_steps)
+        self.terms = ksvd_terms(model)
+        self._logged: list[float] = []
+
+    def __call__(self, outputs: Any, labels: Tensor | None, num_items_in_batch: Tensor | int | None = None) -> Tensor:
+        if labels is None:
+            raise ValueError("KSVDLossFunc: the batch has no labels (the task loss needs them)")
+        loss = self.model.loss_function(outputs.logits, labels, vocab_size=self.model.config.vocab_size,
+                                        num_items_in_batch=num_items_in_batch)
+        if self.eta > 0.0 and self.model.training and torch.is_grad_enabled():
+            term = self.terms.loss(self.reduction, self.form)
+            self._logged.append(float(term.detach()))
+            loss = loss + self.eta * (term / self.accumulation).to(loss.dtype)
+        else:
+            self.terms.clear()
+        return loss
+
+    def pop_logged(self) -> float | None:
+        """The mean KSVD term of the training calls since the previous call (None if none)."""
+        logged, self._logged = self._logged, []
+        return sum(logged) / len(logged) if logged else None
+
+    def close(self) -> None:
+        """Close the collector (the model's forwards are no longer collected)."""
+        self.terms.close()
+

@@ -71,6 +71,11 @@ def close_sink(sink: TermSink) -> None:
     _OPEN_SINKS[:] = [ref for ref in _OPEN_SINKS if ref() is not None and ref() is not sink]
 
 
+def is_collected(layer: PrimalAttention) -> bool:
+    """Whether an open :func:`primal_attention.ksvd_terms` collector would take ``layer``'s KSVD term now."""
+    return _sink_for(layer) is not None
+
+
 def _sink_for(layer: PrimalAttention) -> TermSink | None:
     """The innermost open collector that holds ``layer``, or None."""
     for ref in reversed(_OPEN_SINKS):
