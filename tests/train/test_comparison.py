@@ -62,6 +62,9 @@ def test_tuned_section_rows_choice_interval_and_baselines(tmp_path: Path) -> Non
     assert "**At or below a trivial baseline**" in text
     assert "**Validation still rising at the end of the schedule** (the selected evaluation was the last one): " \
            "PrimalFormer (3/3 seeds)." in text
+    # stds 1.0 a side, n = 3: Welch df = 4, t = 2.776, half-width 2.776 · sqrt(2/3) = 2.27
+    assert "**Smallest detectable difference** (half the width of the 95 % interval" in text
+    assert "PrimalFormer ±2.3." in text
 
 
 def test_outcome_of_a_sweep_not_started_and_the_baseline_rule(tmp_path: Path) -> None:

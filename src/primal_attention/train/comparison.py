@@ -71,11 +71,15 @@ def outcome(entry: Entry) -> Outcome | None:
                    rep["grid"])
 
 
+#: what the trivial baselines include; a cache of another version is recomputed (2: the linear baseline).
+BASELINES_VERSION = 2
+
+
 def baselines_for(config: Path, seeds: Sequence[int], cache: Path, overrides: Sequence[str] = ()) -> dict[str, Any]:
     """Trivial baselines of ``config`` on the holdout splits of each seed (computed once, kept in ``cache``):
     ``{name: {"what": ..., "val_<m>": [per seed], "test_<m>": [per seed]}}``."""
     stored = json.loads(cache.read_text()) if cache.is_file() else {}
-    if stored.get("overrides") != list(overrides):
+    if stored.get("overrides") != list(overrides) or stored.get("version") != BASELINES_VERSION:
         stored = {}
     known = stored.get("seeds", [])
     from primal_attention.train.config import load_config
@@ -98,7 +102,7 @@ def baselines_for(config: Path, seeds: Sequence[int], cache: Path, overrides: Se
     if list(seeds) != known:
         cache.parent.mkdir(parents=True, exist_ok=True)
         cache.write_text(json.dumps({"config": _shown(config), "seeds": list(seeds), "overrides": list(overrides),
-                                     "baselines": merged}, indent=2) + "\n")
+                                     "version": BASELINES_VERSION, "baselines": merged}, indent=2) + "\n")
     return merged
 
 
@@ -168,6 +172,7 @@ def tuned_section(entries: Sequence[Entry], baselines: dict[str, Any], *, refere
     ref = outcomes.get(reference)
     lines = [f"| model | validation {metric} per {swept} (chosen in bold) | n | test (val-selected) | best test | "
              f"final test | Δ vs {reference}, 95 % CI | selected curve |", "|---|---|---|---|---|---|---|---|"]
+    power: list[str] = []
     for e in entries:
         o = outcomes[e.label]
         if o is None:
@@ -175,7 +180,10 @@ def tuned_section(entries: Sequence[Entry], baselines: dict[str, Any], *, refere
             continue
         diff = "–"
         if e.label != reference and ref is not None and o.test and ref.test:
-            diff = welch_difference([s * v for v in o.test], [s * v for v in ref.test], maximize=o.maximize).cell(digits=k)
+            d = welch_difference([s * v for v in o.test], [s * v for v in ref.test], maximize=o.maximize)
+            diff = d.cell(digits=k)
+            if not math.isnan(d.low):
+                power.append(f"{e.label} ±{(d.high - d.low) / 2:.{k}f}")
         lines.append(f"| {e.label} | {_grid_cell(o)} | {len(o.test)} | {value_cell([s * v for v in o.test], k)} | "
                      f"{value_cell([s * v for v in o.best_test], k)} | {value_cell([s * v for v in o.final_test], k)} | "
                      f"{diff} | {_flattened(o)} |")
@@ -183,6 +191,9 @@ def tuned_section(entries: Sequence[Entry], baselines: dict[str, Any], *, refere
         test = row.get(f"test_{metric}", [])
         lines.append(f"| *trivial: {name}* ({row['what']}) | – | {len(test)} | {value_cell([s * v for v in test], k)} "
                      "| – | – | – | – |")
+    if power:
+        lines += ["", "**Smallest detectable difference** (half the width of the 95 % interval: a true difference "
+                      f"smaller than this reads as *within noise* with these seeds): {'; '.join(power)}."]
     flags = below_baseline(entries, baselines)
     if flags:
         lines += ["", "**At or below a trivial baseline** (mean val-selected test within one std of, or under, the best "
@@ -196,7 +207,8 @@ def tuned_section(entries: Sequence[Entry], baselines: dict[str, Any], *, refere
     edges = [f"{label} ({edge})" for label, o in outcomes.items() if o is not None and (edge := at_grid_edge(o))]
     if edges:
         lines += ["", "**Chosen at the edge of the grid** (the best value may lie outside it; a grid is widened "
-                      "at most once, by one step, the same for every model of the comparison): " + "; ".join(edges) + "."]
+                      "one step at a time, the same for every model of the comparison, until every choice is interior "
+                      "or four steps were added on a side): " + "; ".join(edges) + "."]
     return lines
 
 
