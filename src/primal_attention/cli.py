@@ -492,16 +492,31 @@ DEBUG_ENV = "PRIMAL_DEBUG"
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one ``primal`` command. Each command reports the errors it knows in its own words; any other
     exception still ends in one line on stderr (its type and message) and exit status 2, never a
-    traceback (``PRIMAL_DEBUG=1`` shows it); Ctrl-C is exit status 130."""
-    import os
+    traceback (``PRIMAL_DEBUG=1`` shows it); Ctrl-C is exit status 130 and SIGTERM 143, each with a message,
+    in every command."""
+    import signal
+    import threading
 
     args = build_parser().parse_args(argv)
     name = " ".join(str(getattr(args, k)) for k in ("command", "data_command") if getattr(args, k, None))
+    terminated: list[int] = []
+
+    def on_sigterm(signum, frame) -> None:
+        # SIGTERM stops a command as Ctrl-C does (its own clean-up and message); a second one is ignored
+        if not terminated:
+            terminated.append(signum)
+            raise KeyboardInterrupt
+
+    # `primal train` sets its own handler; only the main thread may set one
+    handle = args.command != "train" and threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, on_sigterm) if handle else None
     try:
-        return int(args.func(args) or 0)
+        code = int(args.func(args) or 0)
+        return EXIT_SIGTERM if terminated and code == EXIT_SIGINT else code
     except KeyboardInterrupt:
-        print(f"primal {name}: interrupted", file=sys.stderr)
-        return 130
+        what = "terminated by SIGTERM" if terminated else "interrupted"
+        print(f"primal {name}: {what}; run the same command again to continue where it can", file=sys.stderr)
+        return EXIT_SIGTERM if terminated else EXIT_SIGINT
     except Exception as err:  # noqa: BLE001 - the last guard: one line, not a traceback
         if os.environ.get(DEBUG_ENV):
             raise
@@ -509,6 +524,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"primal {name}: error: {type(err).__name__}: {text[:500]} ({DEBUG_ENV}=1 shows the traceback)",
               file=sys.stderr)
         return 2
+    finally:
+        if handle:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
 
 
 if __name__ == "__main__":

@@ -179,3 +179,19 @@ def test_sweep_cli_bad_grid_is_one_line(tmp_path) -> None:
     proc = cli("sweep", str(CONFIG), "--grid", "train.seed=0,1", "--out", str(tmp_path))
     assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0
     assert "primal sweep: error: --grid: train.seed cannot be swept" in proc.stderr
+
+
+def test_sigterm_stops_a_sweep_with_a_message_and_exit_143(tmp_path) -> None:
+    import signal
+    import time
+
+    args = [sys.executable, "-m", "primal_attention.cli", "sweep", str(CONFIG), "--grid", "optim.lr=1e-4,3e-3",
+            "--out", str(tmp_path / "runs"), *_sets(), "--set", "train.epochs=50"]
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while not list((tmp_path / "runs").glob("work/*/seed_0/config.yaml")) and time.time() < deadline:
+        time.sleep(0.2)  # training has started
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err
+    assert "Traceback" not in err and "run the same command again to continue" in err
