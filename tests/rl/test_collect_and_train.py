@@ -99,6 +99,8 @@ def test_train_dt_with_rollouts_on_the_collected_data(collected, tmp_path, model
     (["data.options.episodes=3"], "unknown for data.family rl"),
     (["data.options.eval_episodes=0"], "eval_episodes must be a positive integer"),
     (["data.seq_len=null"], "the context K in steps"),
+    (["data.seq_len=100000"], "exceeds an episode"),
+    (["data.options.target_return=.nan"], "target_return must be a finite number"),
     (["data.options.collection_seed=7"], "collect it with `primal data collect-rl ENV`"),
 ])
 def test_bad_rl_configs_are_one_line_errors(collected, tmp_path, extra, message) -> None:

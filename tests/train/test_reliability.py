@@ -334,3 +334,15 @@ def test_a_model_key_the_checkpoint_did_not_record_is_not_a_difference(tmp_path,
         del config["model"]["activation"]
         save_file(load_file(str(file)), str(file), metadata={checkpoint.CONFIG_METADATA: json_.dumps(config)})
     assert _primal(capsys, "eval", run)[0] == 0
+
+
+def test_summary_covers_every_seed_of_the_out_folder_and_a_corrupt_metrics_file_is_one_line(tmp_path) -> None:
+    cfg = load_config(CONFIG, [*TINY, "train.epochs=1"])
+    run_seeds(cfg, tmp_path, [0])
+    summary = run_seeds(cfg, tmp_path, [1])  # a second invocation with another seed
+    assert summary["seeds"] == [0, 1] and json.loads((tmp_path / "summary.json").read_text())["seeds"] == [0, 1]
+    other = load_config(CONFIG, [*TINY, "train.epochs=1", "optim.lr=0.01"])
+    assert run_seeds(other, tmp_path / "other", [2])["seeds"] == [2]
+    (tmp_path / "seed_0" / "metrics.json").write_text("{")
+    with pytest.raises(RunError, match="metrics.json is not valid JSON"):
+        run_seeds(cfg, tmp_path, [0], resume=True)

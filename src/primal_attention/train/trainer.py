@@ -109,7 +109,8 @@ def check_trained_config(ckpt: Path, cfg: ExperimentConfig, source: Path) -> Non
     changed = [k for k in config_changes(trained, current)
                if (k.startswith("model.") or k in MODEL_DATA_KEYS) and _lookup(trained, k) is not _MISSING]
     if changed:
-        diffs = ", ".join(f"{k} ({_lookup(trained, k)!r} there, {_lookup(current, k)!r} in {source.name})" for k in changed)
+        shown = lambda tree, k: "absent" if (v := _lookup(tree, k)) is _MISSING else repr(v)  # noqa: E731
+        diffs = ", ".join(f"{k} ({shown(trained, k)} there, {shown(current, k)} in {source.name})" for k in changed)
         raise CheckpointError(f"{ckpt} was trained with another model than {source} describes: {diffs}; "
                               f"restore {source.name} to the config the run was trained with")
 
@@ -492,6 +493,29 @@ class Trainer:
         return out
 
 
+def _other_finished_seeds(cfg: ExperimentConfig, out: Path, seeds: list[int]) -> list[dict[str, Any]]:
+    """The finished runs of other seeds in ``out`` trained with this config (apart from the seed), so that
+    ``summary.json`` covers every seed trained into ``out``, not only this invocation's."""
+    import dataclasses
+
+    found = []
+    for run_dir in sorted(out.glob("seed_*")):
+        try:
+            seed = int(run_dir.name.removeprefix("seed_"))
+            if seed in seeds or not (run_dir / "metrics.json").is_file():
+                continue
+            stored = load_config(run_dir / "config.yaml")
+            mine = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, seed=seed))
+            if [k for k in config_changes(config_to_dict(stored), config_to_dict(mine)) if k not in RESUMABLE_CHANGES]:
+                continue
+            metrics = json.loads((run_dir / "metrics.json").read_text())
+        except (ValueError, OSError, ConfigError):
+            continue  # not a finished run of this config: left out of the summary
+        if _finished(mine, metrics):
+            found.append(metrics)
+    return found
+
+
 def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """Mean ± std (sample std over seeds) of every numeric metric of the runs."""
     keys = [k for k, v in runs[0].items() if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "seed"]
@@ -627,12 +651,16 @@ def _run_seeds(cfg: ExperimentConfig, out: Path, seeds: list[int], *, resume: bo
             check_resumable(stored, run_cfg, run_dir)
         done = run_dir / "metrics.json"
         if resume and done.is_file():
-            metrics = json.loads(done.read_text())
+            try:
+                metrics = json.loads(done.read_text())
+            except ValueError as err:
+                raise RunError(f"{done} is not valid JSON ({err}); remove it and --resume finishes the run from "
+                               "its last checkpoint") from None
             if _finished(run_cfg, metrics):
                 runs.append(metrics)
                 continue
         runs.append(Trainer(run_cfg, run_dir, resume=resume).fit())
-    summary = summarize(runs)
+    summary = summarize(sorted(runs + _other_finished_seeds(cfg, out, seeds), key=lambda r: r["seed"]))
     if int(os.environ.get("RANK", "0")) == 0:
         (out / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary

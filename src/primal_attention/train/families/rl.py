@@ -53,7 +53,10 @@ class RLFamily(Family):
             raise ConfigError("data.seq_len (the context K in steps) must be a positive integer for data.family rl")
         if d.max_examples is not None or d.max_test_examples is not None:
             raise ConfigError("data.max_examples does not apply to data.family rl")
-        rl_options(d)
+        options = rl_options(d)
+        if d.seq_len > options["max_ep_len"]:  # refused before a (B, 3K, D) batch of a huge K is allocated
+            raise ConfigError(f"data.seq_len (the context K) {d.seq_len} exceeds an episode "
+                              f"(data.options.max_ep_len {options['max_ep_len']}): no segment is that long")
 
     def load(self, cfg: ExperimentConfig) -> Splits:
         """Training segments of the dataset, and rollouts in the environment as validation and test."""
