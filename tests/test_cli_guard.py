@@ -38,6 +38,11 @@ def cases(run: Path, tmp: Path) -> list[tuple[list[str], str]]:
     cases_dir.mkdir()
     (cases_dir / "case.npz").write_bytes(b"not an npz")
     seed = run / "seed_0"
+    listops = tmp / "listops"
+    listops.mkdir()
+    for split in ("train", "val", "test"):
+        (listops / f"basic_{split}.tsv").write_bytes(b"Source\tTarget\n\xff\xfe bad\t1\n")
+    lra = ROOT / "configs" / "lra" / "listops_primal+_cpu.yaml"
     return [
         (["selfcheck", "--heads", "3", "--dim", "16"], "must divide"),
         (["selfcheck", "--json", "/proc/no-such-dir/x.json"], "not a writable directory"),
@@ -48,6 +53,9 @@ def cases(run: Path, tmp: Path) -> list[tuple[list[str], str]]:
         (["train", str(CONFIG), *sets, "--out", str(run)], "already holds a run"),
         (["train", str(CONFIG), *sets, "--seeds", "0,0", "--out", str(tmp / "t")], "repeats a seed"),
         (["train", str(tmp / "missing.yaml")], "not found"),
+        (["train", str(lra), "--set", f"data.data_dir={listops}", "--out", str(tmp / "t")], "shape the generated ListOps"),
+        (["train", str(lra), "--set", f"data.data_dir={listops}", "--set", "data.options={}", "--out", str(tmp / "t")],
+         "is not UTF-8 text"),
         (["sweep", str(CONFIG), "--grid", "optim.lr=1e-3", "--out", str(tmp / "s"), "--seeds", "0"], "sweep seed"),
         (["sweep", str(CONFIG), "--grid", "train.seed=0,1", "--out", str(tmp / "s")], "cannot be swept"),
         (["baselines", str(CONFIG), "--seeds", "-1"], "--seeds"),

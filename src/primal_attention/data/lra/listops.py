@@ -73,7 +73,11 @@ def load_listops_tsv(path: str | Path, *, seq_len: int = 2000, tokenization: str
     cache = cache_path("listops", params)
     arrays = load_npz(cache, params)
     if arrays is None:
-        arrays = _parse_listops_tsv(path)
+        try:
+            arrays = _parse_listops_tsv(path)
+        except UnicodeDecodeError as err:
+            raise DataError(f"ListOps file {path} is not UTF-8 text (byte {err.start}: {err.reason}); "
+                            "expected LRA's basic_<split>.tsv") from None
         save_npz(cache, params, **arrays)
     flat, lengths, y = arrays["ids"], arrays["lengths"], arrays["values"]
     idx = random_subset(len(y), num_examples, seed)
@@ -195,6 +199,10 @@ def load(split: str, *, seq_len: int | None, data_dir: str | Path | None, num_ex
         name = f"basic_{split}.tsv"
         if not (path / name).is_file() and (path / "listops-1000" / name).is_file():
             path = path / "listops-1000"
+        generator_only = sorted(set(options) - {"tokenization"})
+        if generator_only:
+            raise DataError(f"data.options {', '.join(generator_only)} shape the generated ListOps, not LRA's files in "
+                            f"data_dir {data_dir}; remove them (or data_dir)")
         return load_listops_tsv(path / name, seq_len=seq_len or 2000, **common, **options)
     return load_listops(split, seq_len=seq_len, progress=progress, **common, **options)
 
