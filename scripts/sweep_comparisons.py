@@ -48,6 +48,13 @@ COMPARISONS = {
     # selected on validation loss (the LM task's selection metric; perplexity is its exp)
     "lm/corpora": [f"lm/corpora_{m}" for m in ("transformer", "primalformer", "primal+")],
 }
+#: the LM again at a 4x schedule (6000 steps, warmup and evaluations scaled alike) at the two best rates of
+#: every model on the 1500-step grid (1e-2, 3e-3): does the ranking hold once validation flattens?
+COMPARISONS["lm/corpora-4x"] = COMPARISONS["lm/corpora"]
+#: a comparison's own grid instead of GRID, not widened (a confirmation at fixed rates, not a search)
+FIXED_GRIDS: dict[str, dict[str, list[float]]] = {"lm/corpora-4x": {"optim.lr": [3e-3, 1e-2]}}
+#: a comparison's stores (and run folders) are <config stem><suffix>, apart from another comparison's of the same configs
+STORE_SUFFIX = {"lm/corpora-4x": "_4x"}
 #: offline RL, one comparison per dataset (DT vs Primal.+DT); each needs its dataset collected first
 #: (`primal data collect-rl ENV`), and a worker passes over those that are not.
 RL_DATASETS = [f"{env}-{ds}" for env in D4RL_SCORES for ds in DATASETS]
@@ -59,6 +66,7 @@ RL_CPU_SCHEDULE = ["model.dim=128", "model.ffn_dim=512", "train.batch_size=32", 
 #: epochs under the authors' protocol; the holdout protocol is forced by the sweep itself).
 #: BasicMotions keeps its earlier 30 epochs; FSDD (2000 clips) had 3, doubled here toward a flat validation curve.
 OVERRIDES: dict[str, list[str]] = {"uea/JapaneseVowels": ["train.epochs=30"], "uea/BasicMotions": ["train.epochs=30"],
+                                   "lm/corpora-4x": ["train.steps=6000", "optim.warmup_steps=800", "train.eval_every=500"],
                                    "uea/FSDD": ["train.epochs=6"], **{f"rl/{d}": RL_CPU_SCHEDULE for d in RL_DATASETS}}
 
 
@@ -86,7 +94,7 @@ def entries(comparison: str) -> list[Entry]:
         stem = config.split("/")[-1]
         kind = stem.removesuffix("_cpu").rsplit("_", 1)[-1]
         labels = RL_LABELS if comparison.startswith("rl/") else LABELS
-        out.append(Entry(labels[kind], ROOT / "configs" / f"{config}.yaml", STORE / stem))
+        out.append(Entry(labels[kind], ROOT / "configs" / f"{config}.yaml", STORE / (stem + STORE_SUFFIX.get(comparison, ""))))
     return out
 
 
@@ -173,6 +181,8 @@ def grid_for(comparison: str) -> dict[str, list[float]]:
     edge whenever every model's sweep of the current grid is complete and some model chose that edge (on
     validation), again and again until every choice is interior (at most MAX_WIDENINGS per side), so that
     no model's choice is cut off by the grid while all keep the same grid and budget."""
+    if comparison in FIXED_GRIDS:
+        return FIXED_GRIDS[comparison]
     lrs = list(GRID["optim.lr"])
     widened = {"low": 0, "high": 0}
     while True:
@@ -192,8 +202,9 @@ def grid_for(comparison: str) -> dict[str, list[float]]:
 
 def section(comparison: str) -> list[str]:
     """The tuned comparison as markdown lines for a results page."""
-    grid = ", ".join(f"`{k}` ∈ {{{', '.join(f'{v:g}' for v in vs)}}}" for k, vs in GRID.items())
-    added = [v for v in grid_for(comparison)["optim.lr"] if v not in GRID["optim.lr"]]
+    base = FIXED_GRIDS.get(comparison, GRID)
+    grid = ", ".join(f"`{k}` ∈ {{{', '.join(f'{v:g}' for v in vs)}}}" for k, vs in base.items())
+    added = [v for v in grid_for(comparison)["optim.lr"] if v not in base["optim.lr"]]
     if added:
         grid += (f", widened for every model by {', '.join(f'{v:g}' for v in added)} (a model's choice on the first grid "
                  "lay at its edge)")
@@ -233,7 +244,7 @@ def not_rerun_note(names: dict[str, str]) -> list[str]:
 
 def base_sweep(config: str, comparison: str, grid: dict[str, list[float]] = GRID) -> Sweep:
     """The sweep of one model of ``comparison`` over ``grid`` (its store and run folders)."""
-    stem = config.split("/")[-1]
+    stem = config.split("/")[-1] + STORE_SUFFIX.get(comparison, "")
     return Sweep(ROOT / "configs" / f"{config}.yaml", grid, WORK / stem, STORE / stem, sweep_seed=0,
                  final_seeds=seeds_for(comparison), overrides=tuple(OVERRIDES.get(comparison, [])), threads=1)
 
