@@ -29,25 +29,18 @@ import argparse
 import gc
 import json
 import os
-import re
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from primal_attention.bench.memory import status_kib
+
 SETTINGS = ("softmax", "primal+", "all-primal")
 MODELS = ("ours", "gpt2")
 NEW_TOKENS = 32
 CHUNK = 1024
-
-
-def _status_kib(field: str) -> int:
-    with open("/proc/self/status") as fh:
-        match = re.search(rf"^{field}:\s+(\d+) kB", fh.read(), re.MULTILINE)
-    if match is None:
-        raise RuntimeError(f"/proc/self/status has no {field}")
-    return int(match.group(1))
 
 
 def _tensor_bytes(value: Any, depth: int = 0) -> int:
@@ -104,7 +97,7 @@ def measure(model_name: str, setting: str, context: int) -> dict[str, Any]:
         else:
             model.generate(prompt[:, :16], max_new_tokens=2, do_sample=False, prefill_chunk_size=8, pad_token_id=0)
     gc.collect()
-    base = _status_kib("VmRSS")
+    base = status_kib("VmRSS")
     with open("/proc/self/clear_refs", "w") as fh:
         fh.write("5")  # reset the peak resident set (VmHWM) to the current one
     plan_bytes = 0
@@ -136,9 +129,9 @@ def measure(model_name: str, setting: str, context: int) -> dict[str, Any]:
             t2 = time.perf_counter()
             cache_bytes = hf.cache_nbytes(out.past_key_values)
             del first
-    peak = _status_kib("VmHWM") - base
+    peak = status_kib("VmHWM") - base
     gc.collect()
-    retained = _status_kib("VmRSS") - base
+    retained = status_kib("VmRSS") - base
     return {"model": model_name, "setting": setting, "context": context, "new_tokens": NEW_TOKENS,
             "prefill_chunk": CHUNK, "peak_mib": peak / 1024, "retained_mib": retained / 1024,
             "held_by_modules_bytes": held_by_modules(model), "cache_bytes": cache_bytes, "plan_bytes": plan_bytes,

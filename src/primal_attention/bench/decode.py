@@ -25,13 +25,14 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from primal_attention.bench.memory import status_kib
 
 #: model name -> per-layer attention pattern of its ``layers`` layers.
 DECODE_MODELS = ("transformer", "primal+", "primalformer")
@@ -70,12 +71,6 @@ def pattern(model: str, layers: int) -> list[str]:
     if model not in DECODE_MODELS:
         raise ValueError(f"decode model must be one of {', '.join(DECODE_MODELS)}, got {model!r}")
     return hybrid_pattern(layers, model)
-
-
-def _status_kib(field_name: str) -> int:
-    with open("/proc/self/status") as fh:
-        match = re.search(rf"^{field_name}:\s+(\d+) kB", fh.read(), re.MULTILINE)
-    return int(match.group(1)) if match else 0
 
 
 def _reset_peak() -> bool:
@@ -181,7 +176,7 @@ def _measure_hf(cfg: DecodeConfig, model, context: int, tokens, row: dict[str, A
         return {**row, "skipped": "transformers is not installed (pip install transformers): no HF GPT-2 anchor"}
     hf = hf_gpt2(model, context + cfg.warmup + cfg.new_tokens)
     with torch.no_grad():
-        baseline_kib = _status_kib("VmRSS")
+        baseline_kib = status_kib("VmRSS")
         cache = DynamicCache(config=hf.config)
         for i, kv in enumerate(synthetic_state(model, context, cfg.batch, torch.Generator().manual_seed(3)).layers):
             cache.update(kv.k, kv.v, i)
@@ -200,7 +195,7 @@ def _measure_hf(cfg: DecodeConfig, model, context: int, tokens, row: dict[str, A
     row.update(tokens_per_s=cfg.new_tokens * cfg.batch / elapsed, ms_per_token=1e3 * elapsed / cfg.new_tokens,
                state_mib=kv_bytes / 2**20)
     if peak_ok:
-        row["rss_growth_mib"] = (_status_kib("VmHWM") - baseline_kib) / 1024
+        row["rss_growth_mib"] = (status_kib("VmHWM") - baseline_kib) / 1024
     return row
 
 
@@ -243,7 +238,7 @@ def measure_one(cfg: DecodeConfig, model_name: str, context: int) -> dict[str, A
                 torch.cuda.synchronize()
             row["prefill_s"] = time.perf_counter() - t0
             del prompt
-        baseline_kib = _status_kib("VmRSS")
+        baseline_kib = status_kib("VmRSS")
         if cuda:
             allocated = torch.cuda.memory_allocated()
         state = start = synthetic_state(model, context, cfg.batch, torch.Generator().manual_seed(3))._replace(plan=plan)
@@ -265,7 +260,7 @@ def measure_one(cfg: DecodeConfig, model_name: str, context: int) -> dict[str, A
     if cuda:
         row["peak_growth_mib"] = (torch.cuda.max_memory_allocated() - allocated) / 2**20
     elif peak_ok:
-        row["rss_growth_mib"] = (_status_kib("VmHWM") - baseline_kib) / 1024
+        row["rss_growth_mib"] = (status_kib("VmHWM") - baseline_kib) / 1024
     with torch.no_grad():
         session = model.decode_session(start, cfg.batch, cfg.warmup + cfg.new_tokens)
         for t in range(cfg.warmup):

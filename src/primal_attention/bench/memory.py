@@ -32,7 +32,8 @@ CPU_METHOD = (
 CUDA_METHOD = "torch.cuda.max_memory_allocated minus allocated before the call, after one warm-up call"
 
 
-def _status_kib(field: str) -> int:
+def status_kib(field: str) -> int:
+    """A ``/proc/self/status`` field in KiB (``VmRSS``: the resident set now; ``VmHWM``: its high-water mark)."""
     with open("/proc/self/status") as fh:
         match = re.search(rf"^{field}:\s+(\d+) kB", fh.read(), re.MULTILINE)
     if match is None:
@@ -68,13 +69,13 @@ def measure_case(case_dict: dict[str, Any], *, count_ops: bool = True) -> dict[s
         result["memory_bytes"] = int(torch.cuda.max_memory_allocated() - base)
         result["memory_method"] = CUDA_METHOD
         return result
-    base = _status_kib("VmRSS")
+    base = status_kib("VmRSS")
     with open("/proc/self/clear_refs", "w") as fh:
         fh.write("5")  # reset VmHWM to the current RSS
     t0 = time.perf_counter()
     step()
     result["call_s"] = time.perf_counter() - t0
-    result["memory_bytes"] = int((_status_kib("VmHWM") - base) * 1024)
+    result["memory_bytes"] = int((status_kib("VmHWM") - base) * 1024)
     result["idle_rss_bytes"] = int(base * 1024)
     result["memory_method"] = CPU_METHOD
     return result

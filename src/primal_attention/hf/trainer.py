@@ -17,6 +17,16 @@ REDUCTIONS = ("batch", "sample")
 FORMS = ("authors", "paper")
 
 
+def _check_ksvd_options(prefix: str, eta: float, reduction: str, form: str) -> None:
+    """ValueError naming the option (``prefix`` + its name) for an η < 0, a reduction or a form we do not have."""
+    if not eta >= 0.0:
+        raise ValueError(f"{prefix}eta must be >= 0, got {eta}")
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"{prefix}reduction must be one of {REDUCTIONS}, got {reduction!r}")
+    if form not in FORMS:
+        raise ValueError(f"{prefix}form must be one of {FORMS}, got {form!r}")
+
+
 class PrimalTrainer(Trainer):
     """``transformers.Trainer`` whose training loss is the model's loss + ``ksvd_eta`` · the KSVD term (``ksvd_terms(model).loss()``).
 
@@ -40,12 +50,7 @@ class PrimalTrainer(Trainer):
     def __init__(self, model: nn.Module | None = None, args: TrainingArguments | None = None, *more: Any,
                  ksvd_eta: float = 0.0, ksvd_reduction: str = "batch", ksvd_form: str = "authors",
                  **kwargs: Any) -> None:
-        if not ksvd_eta >= 0.0:
-            raise ValueError(f"PrimalTrainer: ksvd_eta must be >= 0, got {ksvd_eta}")
-        if ksvd_reduction not in REDUCTIONS:
-            raise ValueError(f"PrimalTrainer: ksvd_reduction must be one of {REDUCTIONS}, got {ksvd_reduction!r}")
-        if ksvd_form not in FORMS:
-            raise ValueError(f"PrimalTrainer: ksvd_form must be one of {FORMS}, got {ksvd_form!r}")
+        _check_ksvd_options("PrimalTrainer: ksvd_", ksvd_eta, ksvd_reduction, ksvd_form)
         if ksvd_eta > 0.0:
             args = args if args is not None else TrainingArguments(output_dir="trainer_output")
             if args.ddp_find_unused_parameters:
@@ -102,12 +107,7 @@ class KSVDLossFunc:
 
     def __init__(self, model: nn.Module, eta: float, *, args: TrainingArguments | None = None,
                  reduction: str = "batch", form: str = "authors") -> None:
-        if not eta >= 0.0:
-            raise ValueError(f"KSVDLossFunc: eta must be >= 0, got {eta}")
-        if reduction not in REDUCTIONS:
-            raise ValueError(f"KSVDLossFunc: reduction must be one of {REDUCTIONS}, got {reduction!r}")
-        if form not in FORMS:
-            raise ValueError(f"KSVDLossFunc: form must be one of {FORMS}, got {form!r}")
+        _check_ksvd_options("KSVDLossFunc: ", eta, reduction, form)
         if not callable(getattr(model, "loss_function", None)) or getattr(model.config, "vocab_size", None) is None:
             raise ValueError(f"KSVDLossFunc: {type(model).__name__} has no language-model loss_function; use "
                              "hf.PrimalTrainer, which adds the term to any head's loss")
