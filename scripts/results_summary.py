@@ -172,7 +172,9 @@ def _baseline(system: System, compute: bool) -> tuple[str, float | None]:
     rows = None
     if system.tuned:
         try:
-            rows = tuned.baselines(system.tuned) if compute or _cached(system) else None
+            rows = tuned.baselines(system.tuned, compute=compute) if compute or _cached(system) else None
+        except LookupError:
+            rows = None  # stored for other seeds or an older version: "not computed yet" until --baselines
         except Exception as err:  # noqa: BLE001 - the page says why, the rest of it still renders
             return f"not computed ({type(err).__name__})", None
     elif path is not None and (path.is_file() or (compute and system.baseline_config)):

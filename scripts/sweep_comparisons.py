@@ -120,7 +120,7 @@ def waiting_for(comparison: str) -> str | None:
     return None
 
 
-def baselines(comparison: str) -> dict:
+def baselines(comparison: str, compute: bool = True) -> dict:
     """Trivial baselines of ``comparison`` on the final seeds' holdout splits (cached in docs/results/baselines);
     for an RL dataset, the behaviour policy: the normalised return of the dataset's own episodes."""
     if comparison.startswith("rl/"):
@@ -130,7 +130,7 @@ def baselines(comparison: str) -> dict:
                               "test_score": [scores[name]]}} if name in scores else {}
     first = ROOT / "configs" / f"{COMPARISONS[comparison][0]}.yaml"
     return baselines_for(first, seeds_for(comparison), BASELINES / f"{comparison.replace('/', '_')}.json",
-                         OVERRIDES.get(comparison, []))
+                         OVERRIDES.get(comparison, []), compute=compute)
 
 
 #: per RL dataset, the behaviour policy's normalised score read from the collection card of the data the

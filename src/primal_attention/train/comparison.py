@@ -75,9 +75,12 @@ def outcome(entry: Entry) -> Outcome | None:
 BASELINES_VERSION = 2
 
 
-def baselines_for(config: Path, seeds: Sequence[int], cache: Path, overrides: Sequence[str] = ()) -> dict[str, Any]:
+def baselines_for(config: Path, seeds: Sequence[int], cache: Path, overrides: Sequence[str] = (), *,
+                  compute: bool = True) -> dict[str, Any]:
     """Trivial baselines of ``config`` on the holdout splits of each seed (computed once, kept in ``cache``):
-    ``{name: {"what": ..., "val_<m>": [per seed], "test_<m>": [per seed]}}``."""
+    ``{name: {"what": ..., "val_<m>": [per seed], "test_<m>": [per seed]}}``. With ``compute`` False a
+    seed the cache lacks (or a cache of another version) is a LookupError instead of a computation
+    (pages render from what is stored; computing needs the data)."""
     stored = json.loads(cache.read_text()) if cache.is_file() else {}
     if stored.get("overrides") != list(overrides) or stored.get("version") != BASELINES_VERSION:
         stored = {}
@@ -92,6 +95,8 @@ def baselines_for(config: Path, seeds: Sequence[int], cache: Path, overrides: Se
             i = known.index(seed)
             rows = {name: {k: (v if k == "what" else v[i]) for k, v in row.items()} for name, row in stored["baselines"].items()}
         else:
+            if not compute:
+                raise LookupError(f"{cache}: no baselines of seed {seed} (version {BASELINES_VERSION}) stored")
             cfg = cfg or load_config(config, list(overrides))
             rows = trivial_baselines(cfg, seed=seed)
         for name, row in rows.items():
