@@ -318,7 +318,7 @@ def test_an_out_of_range_seed_is_one_line_before_anything_is_written(tmp_path, c
     for seeds in ("-1", str(2**40)):
         code, err = _primal(capsys, "train", CONFIG, "--out", tmp_path / "out", "--seeds", seeds,
                             *[a for s in TINY for a in ("--set", s)])
-        assert code == 2 and f"a seed must be an integer in [0, 2**32), got {int(seeds)}" in err
+        assert code == 2 and f"--seeds must be integers in [0, 2**32), got '{seeds}'" in err
     assert not (tmp_path / "out").exists()
 
 
