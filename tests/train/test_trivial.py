@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -78,6 +79,22 @@ def test_welch_interval_and_verdicts() -> None:
         t_quantile(0.3, 2)
 
 
+def test_the_linear_baseline_reads_the_raw_input_and_selects_its_decay_on_validation() -> None:
+    from primal_attention.train.trivial import fit_linear, raw_features
+
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(20, 3, generator=g)
+    x = torch.randn(600, 20, generator=g)
+    y = (x @ w).argmax(1)
+    acc_v, acc_t, decay = fit_linear((x[:400], y[:400]), (x[400:500], y[400:500]), (x[500:], y[500:]), 3)
+    assert acc_v > 0.9 and acc_t > 0.9 and decay in (1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1)
+    # a series is flattened and zeroed past its end; padding values never reach the features
+    series = SimpleNamespace(x=torch.ones(2, 4, 3), mask=torch.tensor([[True] * 4, [True, True, False, False]]),
+                             vocab_size=None, name="s", x2=None)
+    (feats,), what = raw_features([series])
+    assert feats.shape == (2, 12) and float(feats[1, 6:].abs().sum()) == 0.0 and "flattened" in what
+
+
 def test_baselines_cli_on_tiny_uea(tmp_path) -> None:
     out = tmp_path / "b.json"
     proc = subprocess.run([sys.executable, "-m", "primal_attention.cli", "baselines", str(CONFIG), "--seeds", "0,1",
@@ -87,8 +104,9 @@ def test_baselines_cli_on_tiny_uea(tmp_path) -> None:
     result = json.loads(out.read_text())
     assert set(result) == {"seed_0", "seed_1"}
     for r in result.values():
-        assert set(r) == {"majority", "position_blind"} and 0 <= r["majority"]["test_acc"] <= 1
+        assert set(r) == {"majority", "linear", "position_blind"} and 0 <= r["majority"]["test_acc"] <= 1
         assert r["position_blind"]["test_acc"] > r["majority"]["test_acc"]  # channel statistics carry signal here
+        assert r["linear"]["test_acc"] > r["majority"]["test_acc"] and "weight decay selected on validation" in r["linear"]["what"]
     bad = subprocess.run([sys.executable, "-m", "primal_attention.cli", "baselines", str(CONFIG), "--set", "data.name=Nope"],
                          capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and bad.stderr.startswith("primal baselines: error:")
