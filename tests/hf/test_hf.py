@@ -416,6 +416,18 @@ def test_after_generate_an_all_primal_model_holds_the_same_bytes_at_every_contex
     assert held(6) == held(50) == 2 * 1 * (2 * 32 + 1) * 4  # layers · B · (2D + 1) · fp32: the running sums
 
 
+def test_an_all_primal_models_masks_cover_only_the_new_tokens():
+    """Every layer primal: HF's per-step mask is built over the new tokens (O(1)), not every position seen;
+    with a softmax layer beside, over every position (the softmax layer needs it)."""
+    for layers, sizes in (("all", (1, 10)), ([-1], (11, 0))):
+        model = build("gpt2", layers=layers)
+        with torch.no_grad():
+            cache = model(tokens(2, 9), use_cache=True).cache
+            model(tokens(2, 1), cache=cache, use_cache=True)
+        slot = cache.layers[1]
+        assert isinstance(slot, hf.PrimalCacheLayer) and slot.get_mask_sizes(1) == sizes  # (kv_length, kv_offset)
+
+
 def test_the_decode_plan_is_opt_in_and_counted():
     plain, planned = build("gpt2", layers="all"), hf.primalize(gpt2(), layers="all", decode_plan=True, **RANK).eval()
     planned.load_state_dict(plain.state_dict())

@@ -103,6 +103,9 @@ class PrimalSelfAttention(nn.Module):
         self.resid_dropout = nn.Dropout(resid_dropout)
         self.is_causal = primal.causal
         self.decode_plan = decode_plan
+        #: set by primalize: every self-attention of the model is primal (the cache's masks may then
+        #: cover the new tokens only, see PrimalCacheLayer.get_mask_sizes)
+        self.model_all_primal = False
 
     def forward(
         self,
@@ -133,6 +136,7 @@ class PrimalSelfAttention(nn.Module):
             return self.resid_dropout(out), None
 
         slot = primal_cache_layer(cache, self.layer_idx)
+        slot.query_only_mask = self.model_all_primal
         transform = self._transform(rotary, slice(None))
         if n == 1 and slot.state is not None:
             if self.decode_plan and slot.plan is None and transform is None and not torch.is_grad_enabled():

@@ -44,6 +44,9 @@ class PrimalCacheLayer(CacheLayerMixin):
         self.plan: PrimalDecodePlan | None = None  # the layer's fused decoding constants, set at the first step
         self.seen_tokens = 0
         self.device: torch.device | None = None
+        #: every self-attention of the model is primal: the mask HF builds from this slot need only cover the
+        #: new tokens (a primal layer reads their padding, nothing of the past), not every position seen
+        self.query_only_mask = False
 
     def lazy_initialization(self, key_states: Tensor, value_states: Tensor) -> None:
         raise TypeError("PrimalCacheLayer holds a primal layer's running sums, not keys and values")
@@ -62,7 +65,11 @@ class PrimalCacheLayer(CacheLayerMixin):
         self.is_initialized = True
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        """(kv_length, kv_offset) of the mask HF builds for this layer: every position seen plus the new ones."""
+        """(kv_length, kv_offset) of the mask HF builds from this layer: every position seen plus the new ones,
+        or, in a model whose layers are all primal, the new ones only (offset by the positions seen), so that
+        a decoding step's mask is O(1), not O(N)."""
+        if self.query_only_mask:
+            return query_length, self.seen_tokens
         return self.seen_tokens + query_length, 0
 
     def get_seq_length(self) -> int:

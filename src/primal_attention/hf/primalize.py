@@ -186,6 +186,9 @@ def primalize(
         parent_name, _, attr = name.rpartition(".")
         setattr(model.get_submodule(parent_name), attr, wrapper)
 
+    wrappers = [m for _, m in _attention_slots(model, family) if isinstance(m, PrimalSelfAttention)]
+    for wrapper in wrappers:
+        wrapper.model_all_primal = len(wrappers) == count
     records = list(getattr(config, CONFIG_KEY, None) or [])
     records.append({"layers": chosen, "options": dict(primal_options), "resolved": resolved,
                     **({"decode_plan": True} if decode_plan else {})})
