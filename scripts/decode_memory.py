@@ -182,8 +182,9 @@ def render(rows: list[dict[str, Any]], command: str) -> str:
               "- **All-primal, HF GPT-2-small shape**: the cache `generate` returns holds 73,776 bytes (the running sums "
               "of 12 layers) at every context. In a model whose layers are all primal, each primal cache slot reports "
               "mask sizes covering only the new tokens, so HF builds each step's and each chunk's mask in O(chunk), not "
-              "over all N positions: peak memory and tokens/s stay flat in N (before that change, measured the same "
-              "way: peak 74 / 78 / 90 / 214 MiB and 11.3 / 7.3 / 5.4 / 5.1 tokens/s at 1K / 4K / 16K / 64K). With a "
+              "over all N positions: peak memory is flat in N and tokens/s no longer fall with it (they vary with the "
+              "machine's load here; before that change, measured the same way: peak 74 / 78 / 90 / 214 MiB and "
+              "11.3 / 7.3 / 5.4 / 5.1 tokens/s at 1K / 4K / 16K / 64K). With a "
               "softmax layer beside, the mask covers every position, as that layer needs.",
               "- **retained** is about 1 MiB in every case of our model, softmax included: allocator and library state, "
               "not the context (held, which counts tensors, is 0).",
