@@ -86,6 +86,7 @@ def baselines_for(config: Path, seeds: Sequence[int], cache: Path, overrides: Se
         stored = {}
     known = stored.get("seeds", [])
     from primal_attention.train.config import load_config
+    from primal_attention.train.experiments import shown_path
     from primal_attention.train.trivial import trivial_baselines
 
     cfg = None
@@ -106,17 +107,9 @@ def baselines_for(config: Path, seeds: Sequence[int], cache: Path, overrides: Se
                     slot.setdefault(key, []).append(value)
     if list(seeds) != known:
         cache.parent.mkdir(parents=True, exist_ok=True)
-        cache.write_text(json.dumps({"config": _shown(config), "seeds": list(seeds), "overrides": list(overrides),
+        cache.write_text(json.dumps({"config": shown_path(config), "seeds": list(seeds), "overrides": list(overrides),
                                      "version": BASELINES_VERSION, "baselines": merged}, indent=2) + "\n")
     return merged
-
-
-def _shown(path: Path) -> str:
-    """``path`` relative to the working directory where it lies below it (committed files stay portable)."""
-    try:
-        return str(Path(path).resolve().relative_to(Path.cwd().resolve()))
-    except ValueError:
-        return str(path)
 
 
 def _scale(metric: str) -> float:

@@ -31,7 +31,9 @@ def run_stored(config: Path, store: Path, work: Path, seed: int, overrides: Sequ
     if store.is_file():
         return json.loads(store.read_text())
     sets = ["train.progress=false", *overrides]
-    command = ["primal", "train", str(config), "--out", str(work), "--seeds", str(seed), "--resume"]
+    # the command as run from the working directory (relative where the paths lie below it): committed
+    # records carry no path of the machine that made them
+    command = ["primal", "train", shown_path(config), "--out", shown_path(work), "--seeds", str(seed), "--resume"]
     for o in sets:
         command += ["--set", o]
     print("$", shlex.join(command), flush=True)
@@ -44,6 +46,15 @@ def run_stored(config: Path, store: Path, work: Path, seed: int, overrides: Sequ
     store.parent.mkdir(parents=True, exist_ok=True)
     store.write_text(json.dumps(metrics, indent=2))
     return metrics
+
+
+def shown_path(path: Path) -> str:
+    """``path`` relative to the working directory where it lies below it, else as given: what committed
+    records and reports show, so that they carry no path of the machine that made them."""
+    try:
+        return str(Path(path).resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
 
 
 def rounded(obj: Any) -> Any:

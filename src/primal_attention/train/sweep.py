@@ -43,7 +43,7 @@ import yaml
 
 from primal_attention.train.config import ConfigError, load_config
 from primal_attention.train.data import check_buildable
-from primal_attention.train.experiments import run_stored
+from primal_attention.train.experiments import run_stored, shown_path
 from primal_attention.train.stats import mean_std
 
 __all__ = ["Sweep", "SweepPoint", "grid_points", "parse_grid", "point_name", "run_sweep", "select_point"]
@@ -339,7 +339,7 @@ class Sweep:
                 summary[key] = {"mean": mean, "std": sd, "n": len(values), "values": values}
         cfg = load_config(self.config, list(self.overrides))
         return {
-            "config": _shown(self.config),
+            "config": shown_path(self.config),
             "name": cfg.name,
             "overrides": list(self.overrides),
             "grid": self.grid,
@@ -391,14 +391,6 @@ def resolved(cfg: Any) -> dict[str, Any]:
 
     walk("", cfg)
     return {k: v for k, v in flat.items() if k not in _NOT_RESULT_KEYS}
-
-
-def _shown(path: Path) -> str:
-    """``path`` relative to the working directory where it lies below it (reports stay portable)."""
-    try:
-        return str(path.resolve().relative_to(Path.cwd().resolve()))
-    except ValueError:
-        return str(path)
 
 
 def render_markdown(rep: dict[str, Any]) -> str:
