@@ -7,10 +7,11 @@ prefill the prompt in chunks and greedily decode NEW tokens. Reported per case:
 
 - peak: the high-water mark of the resident set minus the idle baseline (prefill + decoding);
 - retained: the resident set after generate returned (and a garbage collection), minus the baseline;
-- held: bytes of the tensors the model's modules refer to besides parameters and buffers, plus (HF)
-  the cache generate returns (``return_dict_in_generate=True``), plus our model's decode plan, which
-  lives only while generate runs and is reported as "plan";
-- decode tokens/s over the NEW tokens (prefill excluded).
+- held: bytes of the tensors the model's modules refer to besides parameters and buffers, plus the
+  decoding cache after the last token (HF: the one generate returns with ``return_dict_in_generate=True``;
+  ours: the ``DecodeCache`` of prefill + step, its states), with our cache's decoding constants
+  (weight copies, alive as long as the cache) reported apart as "plan";
+- decode tokens/s: batch × NEW tokens over the decoding time (prefill excluded).
 
 Models: ``ours`` is :class:`primal_attention.CausalLM` (D 128, 4 layers, 4 heads, vocabulary 4096: the
 project's CPU LM shape); ``gpt2`` is a Hugging Face GPT-2 of GPT-2-small shape (D 768, 12 layers, 12
@@ -83,14 +84,14 @@ def build(model: str, setting: str, context: int) -> Any:
     return net
 
 
-def measure(model_name: str, setting: str, context: int) -> dict[str, Any]:
+def measure(model_name: str, setting: str, context: int, batch: int = 1) -> dict[str, Any]:
     """One case, here (the caller is a fresh process)."""
     import torch
 
     torch.set_num_threads(1)
     model = build(model_name, setting, context)
     vocab = 4096 if model_name == "ours" else 50257
-    prompt = torch.randint(0, vocab, (1, context), generator=torch.Generator().manual_seed(1))
+    prompt = torch.randint(0, vocab, (batch, context), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():  # warm-up on a short prompt: the libraries' one-time buffers are not the context's
         if model_name == "ours":
             model.generate(prompt[:, :16], 2, temperature=0, prefill_chunk_size=8)
@@ -104,19 +105,18 @@ def measure(model_name: str, setting: str, context: int) -> dict[str, Any]:
     with torch.no_grad():
         if model_name == "ours":
             t0 = time.perf_counter()
-            logits, state = model.prefill(prompt, chunk_size=CHUNK, logits="last")
+            logits, cache = model.prefill(prompt, chunk_size=CHUNK, logits="last", capacity=context + NEW_TOKENS)
             t1 = time.perf_counter()
-            session = model.decode_session(state, 1, NEW_TOKENS)
-            plan = session.state.plan if session.state is not None else None
-            plan_bytes = 0 if plan is None else _tensor_bytes(list(plan.head_t[None])) + sum(
-                _tensor_bytes([t for t in bp.attn if isinstance(t, torch.Tensor)])
-                + _tensor_bytes([bp.fc1_t, bp.fc2_t]) for bp in (plan.blocks or []))
             token = logits.argmax(-1)
             for _ in range(NEW_TOKENS):
-                token = session.step(token).argmax(-1)
+                logits, _ = model.step(token, cache)
+                token = logits.argmax(-1)
             t2 = time.perf_counter()
-            del logits, state, session, plan, token
-            cache_bytes = 0
+            # what generate would hand back if it returned its cache: the states (O(1) for primal layers)
+            # and the decoding constants, reported apart as "plan"
+            plan_bytes = cache.plan_nbytes()
+            cache_bytes = cache.nbytes() - plan_bytes
+            del logits, cache, token
         else:
             from primal_attention import hf
 
@@ -132,19 +132,19 @@ def measure(model_name: str, setting: str, context: int) -> dict[str, Any]:
     peak = status_kib("VmHWM") - base
     gc.collect()
     retained = status_kib("VmRSS") - base
-    return {"model": model_name, "setting": setting, "context": context, "new_tokens": NEW_TOKENS,
+    return {"model": model_name, "setting": setting, "context": context, "batch": batch, "new_tokens": NEW_TOKENS,
             "prefill_chunk": CHUNK, "peak_mib": peak / 1024, "retained_mib": retained / 1024,
             "held_by_modules_bytes": held_by_modules(model), "cache_bytes": cache_bytes, "plan_bytes": plan_bytes,
-            "prefill_s": t1 - t0, "decode_tokens_per_s": NEW_TOKENS / (t2 - t1), "threads": 1}
+            "prefill_s": t1 - t0, "decode_tokens_per_s": batch * NEW_TOKENS / (t2 - t1), "threads": 1}
 
 
-def run_case(model: str, setting: str, context: int, timeout: float) -> dict[str, Any]:
+def run_case(model: str, setting: str, context: int, batch: int, timeout: float) -> dict[str, Any]:
     """One case in a fresh process."""
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, __file__, "--case", json.dumps([model, setting, context])],
+    proc = subprocess.run([sys.executable, __file__, "--case", json.dumps([model, setting, context, batch])],
                           capture_output=True, text=True, env=env, timeout=timeout)
     if proc.returncode != 0:
-        raise RuntimeError(f"case {model} {setting} {context} failed: {proc.stderr.strip().splitlines()[-1:]}")
+        raise RuntimeError(f"case {model} {setting} {context} batch {batch} failed: {proc.stderr.strip().splitlines()[-1:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
@@ -159,19 +159,20 @@ def render(rows: list[dict[str, Any]], command: str) -> str:
              "Each case in a fresh process, one thread, batch 1, random weights; the prompt prefilled in chunks of "
              f"{CHUNK} tokens, then {NEW_TOKENS} tokens decoded greedily. **peak**: high-water mark of the resident set "
              "minus the idle one (weights and library buffers excluded), over prefill + decoding. **retained**: resident "
-             "set after generate returned, minus the idle one. **held**: tensors the model's modules refer to besides "
-             "their weights, plus the cache generate returns (HF). **plan**: our model's fused decode constants (weight "
-             "copies), alive only while it decodes. A warm-up generate on a 16-token prompt runs before the idle "
+             "set after decoding returned and its cache was dropped, minus the idle one. **held**: tensors the model's "
+             "modules refer to besides their weights, plus the states in the decoding cache after the last token (HF: "
+             "the cache generate returns; ours: the `DecodeCache`). **plan**: the decoding constants our cache keeps "
+             "(weight copies in the layout a one-token step reads fastest, alive as long as the cache). A warm-up generate on a 16-token prompt runs before the idle "
              "reading. MiB = 2²⁰ bytes. Measured on a 2-core machine with a training run beside (one thread "
              "each): tokens/s are comparable within this table only as ratios, and absolute figures are lower "
              "than on an idle machine.", "",
-             "| model | setting | context | peak (MiB) | retained (MiB) | held (MiB) | plan (MiB) | prefill (s) | decode tokens/s |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| model | setting | batch | context | peak (MiB) | retained (MiB) | held (MiB) | plan (MiB) | prefill (s) | decode tokens/s |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     order = {m: i for i, m in enumerate(MODELS)} | {s: i for i, s in enumerate(SETTINGS)}
-    for r in sorted(rows, key=lambda r: (order[r["model"]], r["context"], order[r["setting"]])):
+    for r in sorted(rows, key=lambda r: (order[r["model"]], r.get("batch", 1), r["context"], order[r["setting"]])):
         held = r["held_by_modules_bytes"] + r["cache_bytes"]
         lines.append(f"| {'CausalLM (D 128, 4 layers)' if r['model'] == 'ours' else 'HF GPT-2-small shape'} | "
-                     f"{r['setting']} | {r['context']} | {r['peak_mib']:.1f} | {r['retained_mib']:.1f} | {_mib(held)} | "
+                     f"{r['setting']} | {r.get('batch', 1)} | {r['context']} | {r['peak_mib']:.1f} | {r['retained_mib']:.1f} | {_mib(held)} | "
                      f"{_mib(r['plan_bytes']) if r['model'] == 'ours' else '–'} | {r['prefill_s']:.1f} | "
                      f"{r['decode_tokens_per_s']:.1f} |")
     lines += ["", "What the table shows:", "",
@@ -201,6 +202,7 @@ def main() -> None:
     p.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=SETTINGS)
     p.add_argument("--contexts", nargs="+", type=int, default=[1024, 4096, 16384, 65536])
     p.add_argument("--out", type=Path, default=Path("docs/results/decode_memory"))
+    p.add_argument("--batches", nargs="+", type=int, default=[1], help="prompts decoded together")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds per case")
     p.add_argument("--render", action="store_true", help="rewrite the page from results.json and exit")
     args = p.parse_args()
@@ -214,24 +216,22 @@ def main() -> None:
     if args.render:
         page.write_text(render(rows, ".venv/bin/python scripts/decode_memory.py"))
         return
-    done = {(r["model"], r["setting"], r["context"]) for r in rows}
-    command = "scripts/decode_memory.py " + " ".join(sys.argv[1:])
-    for model in args.models:
-        for context in args.contexts:
-            for setting in args.settings:
-                if (model, setting, context) in done:
-                    continue
-                print(f"{model} {setting} {context} ...", flush=True)
-                try:
-                    rows.append(run_case(model, setting, context, args.timeout))
-                except (RuntimeError, subprocess.TimeoutExpired) as err:
-                    print(f"  skipped: {err}", flush=True)
-                    continue
-                path.write_text(json.dumps(rows, indent=1) + "\n")
-                page.write_text(render(rows, ".venv/bin/python scripts/decode_memory.py"))
-                r = rows[-1]
-                print(f"  peak {r['peak_mib']:.1f} MiB retained {r['retained_mib']:.1f} MiB "
-                      f"{r['decode_tokens_per_s']:.1f} tok/s", flush=True)
+    done = {(r["model"], r["setting"], r["context"], r.get("batch", 1)) for r in rows}
+    cases = [(m, s, c, b) for m in args.models for b in args.batches for c in args.contexts for s in args.settings]
+    for model, setting, context, batch in cases:
+        if (model, setting, context, batch) in done:
+            continue
+        print(f"{model} {setting} {context} batch {batch} ...", flush=True)
+        try:
+            rows.append(run_case(model, setting, context, batch, args.timeout))
+        except (RuntimeError, subprocess.TimeoutExpired) as err:
+            print(f"  skipped: {err}", flush=True)
+            continue
+        path.write_text(json.dumps(rows, indent=1) + "\n")
+        page.write_text(render(rows, ".venv/bin/python scripts/decode_memory.py"))
+        r = rows[-1]
+        print(f"  peak {r['peak_mib']:.1f} MiB retained {r['retained_mib']:.1f} MiB "
+              f"{r['decode_tokens_per_s']:.1f} tok/s", flush=True)
 
 
 if __name__ == "__main__":

@@ -9,10 +9,10 @@ decoding state's growth, and the efficiency rows (inference, layer, training ste
 ``primal_attention`` in the same process, with the same weights. Each decoding cell (model, batch,
 context) runs in a fresh process; inside it the methods are timed in interleaved rounds (median):
 
-* ``base``: today's ``CausalLM.step`` (the code of --base);
-* ``step``: ``CausalLM.step`` now (fused per-layer steps without gradients; functional state);
-* ``session``: ``CausalLM.decode_session(...).step`` (preallocated, in-place state; what
-  ``generate`` runs);
+* ``base``: what ``generate`` of the code of --base runs per token (its ``decode_session`` where it
+  has one, else ``CausalLM.step``);
+* ``step``: ``CausalLM.step`` now with one ``DecodeCache`` updated in place (what ``generate`` runs),
+  each round from a copy of the prefix's cache;
 * ``hf``: Hugging Face ``GPT2LMHeadModel`` of the same shape (D, layers, heads, FFN, vocabulary;
   the all-softmax model's block weights copied in, :func:`primal_attention.bench.decode.hf_gpt2`)
   with its ``DynamicCache`` (skipped, with the reason, when ``transformers`` is not installed).
@@ -109,8 +109,8 @@ def decode_cell(spec: dict) -> dict:
             from transformers import DynamicCache
 
             cache = DynamicCache(config=hf.config)
-            for i, kv in enumerate(prefix.layers):
-                cache.update(kv.k.clone(), kv.v.clone(), i)
+            for i, layer in enumerate(prefix.layers):
+                cache.update(layer.attn.keys.clone(), layer.attn.values.clone(), i)
             del prefix
             positions = torch.arange(context, context + n + 4)
 
@@ -122,38 +122,44 @@ def decode_cell(spec: dict) -> dict:
 
             timers["hf"] = hf_run
         else:
-            # the decode layout of the weights, built once (carried by the state)
-            state = synthetic_state(model, context, batch, torch.Generator().manual_seed(3))._replace(plan=model.decode_plan())
-            row["state_bytes"] = sum(t.numel() * t.element_size() for layer in state.layers for t in layer)
+            state = synthetic_state(model, context, batch, torch.Generator().manual_seed(3), capacity=context + extra)
+            model.step(tokens[:, -1], state)  # its decoding constants, built once (as base's session builds its plan)
+            row["state_bytes"] = state.nbytes()
             if spec.get("base"):
                 sys.path.insert(0, spec["base"])
                 import pa_base
                 from pa_base.bench.decode import synthetic_state as base_state
 
                 base = pa_base.CausalLM(_lm_config(pa_base, kind, context, extra)).eval()
-                base.load_state_dict(model.state_dict())
+                weights = model.state_dict()
+                if "decoder.blocks.0.ffn.0.weight" in base.state_dict():  # --base before FeedForward had names
+                    weights = {k.replace(".ffn.fc1.", ".ffn.0.").replace(".ffn.fc2.", ".ffn.3."): v for k, v in weights.items()}
+                base.load_state_dict(weights)
                 bstate = base_state(base, context, batch, torch.Generator().manual_seed(3))
 
-                def base_run(count: int) -> None:
-                    s = bstate
+                def base_run(count: int) -> float:
+                    if hasattr(base, "decode_session"):  # the two-path decoder: generate's loop
+                        session = base.decode_session(bstate, batch, count)
+                        t0 = time.perf_counter()
+                        for t in range(count):
+                            session.step(tokens[:, t])
+                        return time.perf_counter() - t0
+                    s = bstate.copy()
+                    t0 = time.perf_counter()
                     for t in range(count):
-                        _, s = base.step(tokens[:, t], s)
+                        base.step(tokens[:, t], s)
+                    return time.perf_counter() - t0
 
                 timers["base"] = base_run
 
-            def step_run(count: int) -> None:
-                s = state
-                for t in range(count):
-                    _, s = model.step(tokens[:, t], s)
-
-            def session_run(count: int) -> None:
-                session = model.decode_session(state, batch, count)
+            def step_run(count: int) -> float:
+                cache = state.copy()  # the copy is not a decoding step
                 t0 = time.perf_counter()
                 for t in range(count):
-                    session.step(tokens[:, t])
-                return time.perf_counter() - t0  # the buffers' set-up is not a decoding step
+                    model.step(tokens[:, t], cache)
+                return time.perf_counter() - t0
 
-            timers["step"], timers["session"] = step_run, session_run
+            timers["step"] = step_run
         for fn in timers.values():  # warm-up
             fn(2)
         times: dict = {k: [] for k in timers}
@@ -246,28 +252,27 @@ def target_table(result: dict) -> list[str]:
         "≥ 2.0×", None if not got else min(got) >= 2.0, "t_authors / t_primal, train level")
     ctxs = sorted({c["context"] for c in cells if c["kind"] == "primalformer" and c["batch"] == 1})
     ratios = [(c, cell("primalformer", 1, c)) for c in ctxs]
-    best = [r.get("session_tok_s", 0) / r["base_tok_s"] for _, r in ratios if r.get("base_tok_s")]
     steps = [r.get("step_tok_s", 0) / r["base_tok_s"] for _, r in ratios if r.get("base_tok_s")]
-    add("all-primal LM decode, batch 1, tokens/s vs today's",
-        f"session {_fmt(min(best) if best else None, '.1f', '×')}–{_fmt(max(best) if best else None, '.1f', '×')}, "
-        f"step {_fmt(min(steps) if steps else None, '.1f', '×')}–{_fmt(max(steps) if steps else None, '.1f', '×')}",
-        "≥ 5×", None if not best else min(best) >= 5, f"contexts {', '.join(str(c) for c in ctxs)}; session = generate's loop")
+    add("all-primal LM decode, batch 1, tokens/s vs --base",
+        f"{_fmt(min(steps) if steps else None, '.2f', '×')}–{_fmt(max(steps) if steps else None, '.2f', '×')}",
+        "≥ 0.9×", None if not steps else min(steps) >= 0.9,
+        f"contexts {', '.join(str(c) for c in ctxs)}; generate's loop in both")
     hf_ctx = 16384 if cell("gpt2-hf", 1, 16384) else max((c["context"] for c in cells if c["kind"] == "gpt2-hf"), default=None)
     p, h = cell("primalformer", 1, hf_ctx), cell("gpt2-hf", 1, hf_ctx)
-    v = p["session_tok_s"] / h["hf_tok_s"] if p.get("session_tok_s") and h.get("hf_tok_s") else None
+    v = p["step_tok_s"] / h["hf_tok_s"] if p.get("step_tok_s") and h.get("hf_tok_s") else None
     add(f"all-primal LM decode vs HF GPT-2 (KV cache) at {hf_ctx} context, batch 1", _fmt(v, ".1f", "×"), "≥ 20×",
-        None if v is None else v >= 20, h.get("skipped", "session tokens/s / HF tokens/s"))
+        None if v is None else v >= 20, h.get("skipped", "step tokens/s / HF tokens/s"))
     mem = result.get("memory", {})
     rows_m = [r for r in mem.get("rows", []) if "state_mib" in r]
     if rows_m:
         lo, hi = rows_m[0], rows_m[-1]
         growth = [r.get("rss_growth_mib") for r in rows_m]
         sizes = [round(r["state_mib"] * 2**20) for r in rows_m]
-        # "4 KiB unchanged": the state of 4 layers x (Σ[q | k] of 2D floats + a count) = 4112 bytes at
-        # every context; the RSS growth while decoding at most 9 MiB.
-        add(f"decode state / RSS growth, {lo['context']} to {hi['context']} context, all-primal",
+        # The cache of 4 layers (Σ[q | k] of 2D floats + a count each, and the decoding constants, which
+        # DecodeCache.nbytes counts) is the same at every context; the RSS growth while decoding at most 9 MiB.
+        add(f"decode cache / RSS growth, {lo['context']} to {hi['context']} context, all-primal",
             " / ".join(f"{b} B" for b in sizes) + "; RSS growth " + " / ".join(_fmt(g, ".1f", " MiB") for g in growth),
-            "4 KiB / ≤ 9 MiB", len(set(sizes)) == 1 and sizes[0] <= 4112 and all(g is not None and g <= 9 for g in growth),
+            "unchanged in N / ≤ 9 MiB", len(set(sizes)) == 1 and all(g is not None and g <= 9 for g in growth),
             "primal bench --level decode cells (fresh process each)")
     return ["| measure | now | target | met | how |", "|---|---|---|---|---|", *rows]
 
@@ -276,12 +281,12 @@ def render(result: dict) -> str:
     lines = [f"# Issue 27 perf check ({result['started']}, {result['threads']} threads for the efficiency rows, "
              f"{result['decode_threads']} for decoding)", "", f"Command: `{result['command']}`", "", *target_table(result), "",
              "## Decoding cells (tokens/s, median of interleaved rounds)", "",
-             "| model | batch | context | today (base step) | step now | session now | HF GPT-2 | state (KiB) |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| model | batch | context | --base (generate's loop) | now (step with a DecodeCache) | HF GPT-2 | cache (KiB) |",
+             "|---|---|---|---|---|---|---|"]
     for c in result["decode"]:
         why = c.get("skipped") or c.get("error")
         lines.append(f"| {c['kind']} | {c['batch']} | {c['context']} | {_fmt(c.get('base_tok_s'), '.0f')} | "
-                     f"{_fmt(c.get('step_tok_s'), '.0f')} | {_fmt(c.get('session_tok_s'), '.0f')} | "
+                     f"{_fmt(c.get('step_tok_s'), '.0f')} | "
                      f"{_fmt(c.get('hf_tok_s'), '.0f')} | {_fmt(None if 'state_bytes' not in c else c['state_bytes'] / 1024, '.0f')} |"
                      + (f" {why}" if why else ""))
     lines += ["", "## Efficiency rows", "", "```", json.dumps(result["efficiency"], indent=1), "```", ""]

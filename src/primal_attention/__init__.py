@@ -12,6 +12,7 @@ The public API is small::
 """
 
 from primal_attention.layers import (
+    DecodeCache,
     MaterializedSoftmaxAttention,
     PrimalAttention,
     PrimalState,
@@ -39,6 +40,7 @@ __all__ = [
     "CausalLM",
     "CausalLMConfig",
     "ClassifierConfig",
+    "DecodeCache",
     "DecisionTransformer",
     "DecisionTransformerConfig",
     "KSVDTerms",

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from primal_attention.bench.decode import merge_states, pattern, state_bytes, synthetic_state
+from primal_attention.bench.decode import merge_states, pattern, synthetic_state
 from primal_attention.layers.primal import PrimalAttention
 from primal_attention.layers.softmax import SoftmaxAttention
 from primal_attention.models.lm import CausalLM, CausalLMConfig
@@ -45,9 +45,9 @@ def test_synthetic_state_size_grows_with_context_only_for_softmax() -> None:
     for model in ("transformer", "primalformer"):
         lm = CausalLM(CausalLMConfig(vocab_size=50, max_seq_len=300, dim=16, num_heads=2, ffn_dim=32,
                                      attention=pattern(model, 2), attention_options={"primal": {"rank": 3}})).eval()
-        sizes[model] = [state_bytes(synthetic_state(lm, c, 1, chunk=64)) for c in (100, 200)]
-        logits, state = lm.step(torch.tensor([3]), synthetic_state(lm, 200, 1, chunk=64))
-        assert logits.shape == (1, 50) and state.position == 201
+        sizes[model] = [synthetic_state(lm, c, 1, chunk=64).nbytes() for c in (100, 200)]
+        logits, cache = lm.step(torch.tensor([3]), synthetic_state(lm, 200, 1, chunk=64))
+        assert logits.shape == (1, 50) and cache.length == 201
     assert sizes["transformer"][1] == 2 * sizes["transformer"][0]
     assert sizes["primalformer"][0] == sizes["primalformer"][1]
     with pytest.raises(ValueError):

@@ -102,7 +102,7 @@ def test_swap_copies_projections_and_keeps_the_rest(lm_run) -> None:
     for name in ("q_proj", "k_proj", "out_proj"):
         assert torch.equal(getattr(old[1].attn, name).weight, getattr(new[1].attn, name).weight)
     assert torch.equal(old[0].attn.v_proj.weight, new[0].attn.v_proj.weight)
-    assert torch.equal(old[1].ffn[0].weight, new[1].ffn[0].weight)
+    assert torch.equal(old[1].ffn.fc1.weight, new[1].ffn.fc1.weight)
     assert torch.equal(subject.original.embed.weight, student.embed.weight)
 
 
@@ -128,7 +128,7 @@ def test_converted_all_primal_lm_decodes_with_constant_state(lm_run, tmp_path) -
     for t in range(tokens.shape[1]):
         logits, state = model.step(tokens[:, t], state)
         torch.testing.assert_close(logits, full[:, t], rtol=0, atol=1e-9)
-        sizes.add(tuple(x.numel() for s in state.layers for x in s))
+        sizes.add(state.nbytes())
     assert len(sizes) == 1  # the decoding state does not grow with the context
 
 
@@ -171,7 +171,7 @@ def test_classifier_run_converts_on_the_non_causal_path(tmp_path) -> None:
     assert len(layers) == 1 and not layers[0].causal
     # finetune="primal": only the new layer and the norms trained; feed-forward weights are the original's.
     new, old = converted.encoder.blocks, original.encoder.blocks
-    assert torch.equal(new[1].ffn[0].weight, old[1].ffn[0].weight) and torch.equal(new[0].attn.v_proj.weight,
+    assert torch.equal(new[1].ffn.fc1.weight, old[1].ffn.fc1.weight) and torch.equal(new[0].attn.v_proj.weight,
                                                                                      old[0].attn.v_proj.weight)
     assert not torch.equal(new[1].norm1.weight, old[1].norm1.weight)
     assert not torch.equal(new[1].attn.q_proj.weight, old[1].attn.q_proj.weight)

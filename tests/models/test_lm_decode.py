@@ -6,6 +6,8 @@ import pytest
 import torch
 
 import primal_attention as pa
+from primal_attention.layers.cache import DecodeCache, KVBuffer
+from primal_attention.layers.primal import PrimalState
 from primal_attention.layers.softmax import KVCache
 
 PATTERNS = {"softmax": ["softmax"] * 3, "hybrid": ["softmax", "softmax", "primal"], "all-primal": ["primal"] * 3}
@@ -25,18 +27,23 @@ def test_step_by_step_equals_the_full_forward(kind, blocks) -> None:
     tokens = torch.randint(0, 23, (3, 30), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         full = model(tokens)
-        state = None
+        cache = None
         for t in range(tokens.shape[1]):
-            logits, state = model.step(tokens[:, t], state)
+            logits, cache = model.step(tokens[:, t], cache)
             torch.testing.assert_close(logits, full[:, t], rtol=0, atol=1e-9)
-        # prefill over the first 17 tokens, then steps
-        logits, state = model.prefill(tokens[:, :17])
+        # prefill over the first 17 tokens, then steps; then the forward with the cache, 4 tokens at a time
+        logits, cache = model.prefill(tokens[:, :17])
         torch.testing.assert_close(logits, full[:, :17], rtol=0, atol=1e-9)
+        branch = cache.copy()
         for t in range(17, 30):
-            logits, state = model.step(tokens[:, t], state)
+            logits, same = model.step(tokens[:, t], cache)
+            assert same is cache and cache.length == t + 1  # updated in place
             torch.testing.assert_close(logits, full[:, t], rtol=0, atol=1e-9)
-    sizes = [type(s).__name__ for s in state.layers]
-    assert sizes == ["KVCache" if a == "softmax" else "PrimalState" for a in PATTERNS[kind]]
+        for start in range(17, 30, 4):
+            chunk = model(tokens[:, start:start + 4], cache=branch)
+            torch.testing.assert_close(chunk, full[:, start:start + 4], rtol=0, atol=1e-9)
+    kinds = [type(layer.attn).__name__ for layer in cache.layers]
+    assert kinds == ["KVBuffer" if a == "softmax" else "PrimalState" for a in PATTERNS[kind]]
 
 
 def test_primal_state_does_not_grow_with_the_context() -> None:
@@ -44,7 +51,10 @@ def test_primal_state_does_not_grow_with_the_context() -> None:
     with torch.no_grad():
         _, short = model.prefill(torch.randint(0, 23, (1, 3)))
         _, long = model.prefill(torch.randint(0, 23, (1, 35)))
-    assert [s.total.shape for s in short.layers] == [s.total.shape for s in long.layers]
+        model.step(torch.tensor([1]), short)
+        model.step(torch.tensor([1]), long)
+    assert [s.attn.total.shape for s in short.layers] == [s.attn.total.shape for s in long.layers]
+    assert short.nbytes() == long.nbytes() > 0  # the sums and the decoding constants, counted
 
 
 def test_generate_is_greedy_at_temperature_zero_and_seeded_otherwise() -> None:
@@ -66,8 +76,10 @@ def test_bad_decoding_input_is_a_clear_error() -> None:
         model.generate(torch.zeros(1, 35, dtype=torch.int64), 10)
     with pytest.raises(ValueError, match=r"expected int64 tokens \(B,\)"):
         model.step(torch.zeros(2, 1, dtype=torch.int64))
-    with pytest.raises(TypeError, match="expected an LMState"):
+    with pytest.raises(TypeError, match="expected a DecodeCache"):
         model.step(torch.zeros(2, dtype=torch.int64), ("not", "a state"))
+    with pytest.raises(TypeError, match="expected a DecodeCache"):
+        model(torch.zeros(2, 1, dtype=torch.int64), cache=[])
     attn = pa.SoftmaxAttention(16, 2, causal=True)
     with pytest.raises(TypeError, match="expected state to be a KVCache"):
         attn.step(torch.randn(2, 16), (torch.zeros(1),))
@@ -75,8 +87,8 @@ def test_bad_decoding_input_is_a_clear_error() -> None:
     assert isinstance(cache, KVCache)
     with pytest.raises(ValueError, match="a state of another layer or batch"):
         attn.step(torch.randn(3, 16), cache)
-    with pytest.raises(TypeError, match="has no incremental decoding"):
-        pa.TransformerStack(["linear"], 16, 2, 32, causal=True).blocks[0].step(torch.randn(2, 16))
+    with pytest.raises(TypeError, match="block 0's LinearAttention has no incremental decoding"):
+        pa.TransformerStack(["linear"], 16, 2, 32, causal=True).eval()(torch.randn(2, 1, 16), cache=DecodeCache())
 
 
 def test_decoding_needs_eval_mode_and_a_cache_of_this_layer() -> None:
@@ -85,8 +97,8 @@ def test_decoding_needs_eval_mode_and_a_cache_of_this_layer() -> None:
         model.step(torch.zeros(2, dtype=torch.int64))
     with pytest.raises(RuntimeError, match="CausalLM.prefill: decoding runs without dropout"):
         model.prefill(torch.zeros(2, 3, dtype=torch.int64))
-    with pytest.raises(RuntimeError, match="TransformerBlock.step: decoding runs without dropout"):
-        model.decoder.blocks[0].step(torch.zeros(2, 16, dtype=torch.float64))
+    with pytest.raises(RuntimeError, match="TransformerBlock: decoding runs without dropout"):
+        model.decoder(torch.zeros(2, 1, 16, dtype=torch.float64), cache=DecodeCache())
     assert model.generate(torch.zeros(2, 3, dtype=torch.int64), 2, temperature=0).shape == (2, 5)
     assert model.training  # generate restores the mode
     with pytest.raises(ValueError, match="max_new_tokens must be an int >= 0"):
@@ -101,48 +113,41 @@ def test_decoding_needs_eval_mode_and_a_cache_of_this_layer() -> None:
         attn.step(torch.randn(2, 16), KVCache(cache.k.double(), cache.v.double()))
 
 
-def test_step_validates_its_state_and_ids_as_forward_does() -> None:
-    from primal_attention.models.lm import LMState
-
+def test_step_validates_its_cache_and_ids_as_forward_does() -> None:
     model = lm(PATTERNS["hybrid"])
     tokens = torch.randint(0, 23, (2, 4), generator=torch.Generator().manual_seed(4))
 
-    def error(tokens_t, state) -> str:
-        with pytest.raises(ValueError) as caught:
-            model.step(tokens_t, state)
+    def error(tokens_t, cache, kind=ValueError) -> str:
+        with pytest.raises(kind) as caught:
+            model.step(tokens_t, cache)
         return str(caught.value)
 
     with torch.no_grad():
-        _, state = model.prefill(tokens)
-        assert "CausalLM.step: token ids must be in [0, 23), got [0, 23]" in error(torch.tensor([0, 23]), state)
-        assert "got [-1, 3]" in error(torch.tensor([-1, 3]), state)
-        assert "expected state.position to be an int >= 0, got -1" in error(tokens[:, 0], LMState(-1, state.layers))
-        assert "state.position is 7 but block 0's KV cache holds 4 tokens" in error(tokens[:, 0], LMState(7, state.layers))
-        assert "is past max_seq_len 40" in error(tokens[:, 0], LMState(40, state.layers))
-        logits, state = model.step(tokens[:, 0], state)  # the state it made is accepted
-        assert state.position == 5 and logits.shape == (2, 23)
+        _, cache = model.prefill(tokens)
+        assert "CausalLM.step: token ids must be in [0, 23), got [0, 23]" in error(torch.tensor([0, 23]), cache)
+        assert "got [-1, 3]" in error(torch.tensor([-1, 3]), cache)
+        _, full = model.prefill(torch.randint(0, 23, (2, 40)))
+        assert "expected 1..0 tokens after 40 positions (max_seq_len 40)" in error(tokens[:, 0], full)
+        _, other = lm(PATTERNS["hybrid"]).prefill(tokens)
+        assert "started by another model" in error(tokens[:, 0], other)
+        assert "a state of another layer or batch" in error(torch.tensor([1, 2, 3]), cache)  # batch 3, cache of 2
+        logits, cache = model.step(tokens[:, 0], cache)  # the cache it made is accepted
+        assert cache.length == 5 and logits.shape == (2, 23)
 
 
-def test_an_all_primal_step_validates_every_layer_state() -> None:
-    from primal_attention.models.lm import LMState
-
+def test_an_all_primal_cache_validates_every_layer_state() -> None:
     model = lm(PATTERNS["all-primal"])
     tokens = torch.randint(0, 23, (2, 4), generator=torch.Generator().manual_seed(4))
     with torch.no_grad():
-        _, state = model.prefill(tokens)
-        other = lm(PATTERNS["hybrid"])
-        _, hybrid = other.prefill(tokens)
-        cases = [(LMState(2, state.layers), ValueError, "position is 2 but block 0 has summed 4 tokens"),
-                 (LMState(4, [None] * 3), TypeError, r"block 0 \(PrimalAttention\) expects a PrimalState, got NoneType"),
-                 (LMState(4, state.layers[:2]), ValueError, "expected 3 layer states, got 2"),
-                 (LMState(4, hybrid.layers), TypeError, "expects a PrimalState, got KVCache"),
-                 (LMState(4, [s._replace(total=s.total[:1], count=s.count[:1]) for s in state.layers]), ValueError,
-                  "does not fit batch 2")]
-        for bad, kind, message in cases:
+        _, cache = model.prefill(tokens)
+        for layer, message, kind in ((0, "a state of another layer or batch", ValueError),
+                                     (2, "expected state to be a PrimalState", TypeError)):
+            bad = cache.copy()
+            s = bad.layers[layer].attn
+            bad.layers[layer].attn = PrimalState(s.total[:1], s.count[:1]) if kind is ValueError else KVCache(s.total, s.count)
             with pytest.raises(kind, match=message):
                 model.step(tokens[:, 0], bad)
-        swapped = LMState(4, state.layers[::-1])  # same shapes: accepted, as any state of this model would be
-        model.step(tokens[:, 0], swapped)
+        model.step(tokens[:, 0], cache)  # the untouched one still works
 
 
 def test_generate_validates_temperature_and_top_k() -> None:
@@ -162,26 +167,29 @@ def test_generate_validates_temperature_and_top_k() -> None:
 
 @pytest.mark.parametrize("blocks", [{}, {"norm_first": False, "activation": "relu"}], ids=["prenorm", "postnorm-relu"])
 @pytest.mark.parametrize("kind", list(PATTERNS))
-def test_fused_step_and_session_equal_the_checked_step(kind, blocks) -> None:
-    """The fused step (no grad) and the in-place session equal each block's own step (with grad)."""
+def test_the_token_path_equals_the_modules_forward_with_the_cache(kind, blocks) -> None:
+    """One token without gradients (each block's fused decode_token) equals the same token through the
+    modules' forward with the cache (with gradients: extend), and both equal the full forward."""
     model = lm(PATTERNS[kind], **blocks)
     tokens = torch.randint(0, 23, (3, 12), generator=torch.Generator().manual_seed(4))
     with torch.no_grad():
-        _, state = model.prefill(tokens[:, :5])
-        session = model.decode_session(state, 3, 7)
-    slow = state
+        full = model(tokens)
+        _, fast = model.prefill(tokens[:, :5])
+    slow = fast.copy()
     for t in range(5, 12):
         with torch.no_grad():
-            fast, state = model.step(tokens[:, t], state)
-            from_session = session.step(tokens[:, t])
-        with torch.enable_grad():  # the checked per-block path
-            ref, slow = model.step(tokens[:, t], slow)
-        torch.testing.assert_close(fast, ref.detach(), rtol=0, atol=1e-12)
-        torch.testing.assert_close(from_session, ref.detach(), rtol=0, atol=1e-12)
-    states = session.session.states()
-    for a, b in zip(states, state.layers):
-        for x, y in zip(a, b):
-            torch.testing.assert_close(x, y.detach(), rtol=0, atol=1e-12)
+            a, _ = model.step(tokens[:, t], fast)
+        with torch.enable_grad():
+            b = model(tokens[:, t:t + 1], cache=slow)[:, 0]
+        assert b.requires_grad
+        torch.testing.assert_close(a, b.detach(), rtol=0, atol=1e-12)
+        torch.testing.assert_close(a, full[:, t], rtol=0, atol=1e-9)
+    for x, y in zip(fast.layers, slow.layers):
+        if isinstance(x.attn, KVBuffer):
+            torch.testing.assert_close(x.attn.keys, y.attn.keys.detach(), rtol=0, atol=1e-12)
+        else:
+            torch.testing.assert_close(x.attn.total, y.attn.total.detach(), rtol=0, atol=1e-12)
+    assert all(layer.attn_plan is not None for layer in fast.layers)  # built at the first token without grad
 
 
 def test_fused_plan_follows_parameter_updates() -> None:
@@ -197,24 +205,20 @@ def test_fused_plan_follows_parameter_updates() -> None:
     torch.testing.assert_close(after, full, rtol=0, atol=1e-9)
 
 
-def test_a_new_state_sees_new_weights() -> None:
-    """The decoding constants travel in the state (no cache keyed on tensor internals); a state or a
-    prefill started after the parameters changed decodes with the new ones."""
+def test_a_new_cache_sees_new_weights() -> None:
+    """The decoding constants live in the cache: a cache started after the parameters changed decodes
+    with the new ones."""
     model = lm(PATTERNS["hybrid"])
     tokens = torch.randint(0, 23, (2, 6), generator=torch.Generator().manual_seed(4))
     with torch.no_grad():
-        state = None
+        cache = None
         for t in range(3):
-            _, state = model.step(tokens[:, t], state)
-        assert state.plan is not None and state.plan.blocks is not None
+            _, cache = model.step(tokens[:, t], cache)
+        assert all(layer.attn_plan is not None and layer.ffn_plan is not None for layer in cache.layers)
         for p in model.parameters():
             p.mul_(1.05)
         _, fresh = model.prefill(tokens[:, :3])
-        assert fresh.plan is None
-        other = lm(PATTERNS["hybrid"])  # a state carried to another model decodes with that model's weights
-        with_plan = fresh._replace(plan=model.decode_plan())
-        logits, _ = other.step(tokens[:, 3], with_plan._replace(layers=other.prefill(tokens[:, :3])[1].layers))
-        torch.testing.assert_close(logits, other(tokens[:, :4])[:, 3], rtol=0, atol=1e-9)
+        assert all(layer.attn_plan is None for layer in fresh.layers)  # a prefill builds no constants
         new, _ = model.step(tokens[:, 3], fresh)
         torch.testing.assert_close(new, model(tokens)[:, 3], rtol=0, atol=1e-9)
 
@@ -248,12 +252,14 @@ def test_batched_generation_with_lengths_equals_one_prompt_at_a_time(kind) -> No
         model.generate(prompt, 2, lengths=torch.tensor([0, 3, 5]))
 
 
-def test_a_plan_list_of_the_wrong_length_is_an_error() -> None:
+def test_the_feed_forward_loads_checkpoints_of_the_sequential_layout() -> None:
     model = lm(PATTERNS["hybrid"])
-    with torch.no_grad():
-        plans = model.decoder.decode_plan()
-        with pytest.raises(ValueError, match="expected a plan per block"):
-            model.decoder.step(torch.zeros(1, 16, dtype=torch.float64), None, plans=plans[:2])
+    state = {k.replace("ffn.fc1.", "ffn.0.").replace("ffn.fc2.", "ffn.3."): v for k, v in model.state_dict().items()}
+    assert "decoder.blocks.0.ffn.0.weight" in state
+    other = lm(PATTERNS["hybrid"])
+    torch.nn.init.zeros_(other.decoder.blocks[0].ffn.fc1.weight)
+    other.load_state_dict(state)
+    assert torch.equal(other.decoder.blocks[0].ffn.fc1.weight, model.decoder.blocks[0].ffn.fc1.weight)
 
 
 @pytest.mark.parametrize("blocks", [{}, {"norm_first": False, "activation": "relu"}], ids=["prenorm", "postnorm-relu"])
@@ -273,11 +279,16 @@ def test_chunked_prefill_equals_one_chunk_and_the_forward(kind, blocks, chunk) -
     torch.testing.assert_close(chunked[mask], full[mask], rtol=0, atol=1e-9)
     torch.testing.assert_close(chunked[mask], one[mask], rtol=0, atol=1e-9)
     torch.testing.assert_close(last, full[torch.arange(3), torch.tensor([29, 20, 29])], rtol=0, atol=1e-9)
-    assert state.position == last_state.position == 30
+    assert state.length == last_state.length == 30
     for a, b in zip(state.layers, one_state.layers):
-        for x, y in zip(a, b):
-            torch.testing.assert_close(x, y, rtol=0, atol=1e-9)
-    # decoding continues identically after a chunked prefill
+        if isinstance(a.attn, KVBuffer):
+            for x, y in ((a.attn.keys, b.attn.keys), (a.attn.values, b.attn.values), (a.attn.past_mask(), b.attn.past_mask())):
+                torch.testing.assert_close(x, y, rtol=0, atol=1e-9)
+        else:
+            for x, y in zip(a.attn, b.attn):
+                torch.testing.assert_close(x, y, rtol=0, atol=1e-9)
+    # decoding continues identically after a chunked prefill, row 1 after its last real token (20)
+    assert state.next_position.tolist() == [30, 21, 30]
     with torch.no_grad():
         nxt = torch.randint(0, 23, (3,), generator=torch.Generator().manual_seed(3))
         torch.testing.assert_close(model.step(nxt, state)[0], model.step(nxt, one_state)[0], rtol=0, atol=1e-9)
@@ -302,7 +313,8 @@ def test_chunked_prefill_bad_arguments_are_one_line_errors() -> None:
     for kwargs, match in (({"chunk_size": 0}, "chunk_size must be an int >= 1 or None"),
                           ({"chunk_size": 2.5}, "chunk_size must be an int >= 1 or None"),
                           ({"logits": "first"}, "logits must be 'all' or 'last'"),
-                          ({"mask": torch.ones(2, 9, dtype=torch.bool)}, r"expected mask \(2, 10\) bool")):
+                          ({"mask": torch.ones(2, 9, dtype=torch.bool)}, r"expected mask \(2, 10\) bool"),
+                          ({"capacity": 9}, "capacity must be an int >= the prompt length 10")):
         with pytest.raises(ValueError, match=match):
             model.prefill(tokens, **kwargs)
     with pytest.raises(ValueError, match="expected int64 tokens"):

@@ -38,7 +38,7 @@ def test_push_equals_the_forward_and_right_padding_is_exact(kind) -> None:
             pred, state = model.push("state", s[:, k], t[:, k], state)
             torch.testing.assert_close(pred, full[:, k], rtol=0, atol=1e-9)
             _, state = model.push("action", a[:, k], t[:, k], state)
-        assert state.plan is not None  # the rollout carries the fused decoding plan, built at its first push
+        assert state.length == 18 and all(layer.attn_plan is not None for layer in state.layers)  # built at the first push
         mask = torch.ones(3, 6, dtype=torch.bool)
         mask[0, 4:] = False
         padded = model(s, mask, actions=a, returns_to_go=r, timesteps=t)

@@ -3,18 +3,18 @@
 For each model (all softmax with a KV cache, last layer primal, all primal with their O(1) state)
 and each context C, in a fresh process:
 
-1. build a :class:`~primal_attention.CausalLM` (positions up to C + new tokens), its decode plan
-   (the weights in the fused step's layout) and one throwaway step (the library's one-time
-   initialisation), and read the resident set size (the baseline: weights, library buffers);
-2. build the state after a prefix of C positions: each
+1. build a :class:`~primal_attention.CausalLM` (positions up to C + new tokens) and one throwaway
+   step (the library's one-time initialisation), and read the resident set size (the baseline:
+   weights, library buffers);
+2. build the decoding cache after a prefix of C positions: each
    layer's own ``prefill_state`` applied to C hidden vectors (its real keys / values, or Σ[q | k]),
    which costs O(C·D²) instead of the O(C²) forward a softmax prefill of a real prompt would need;
    the cost of a decoding step depends only on the state's size, not on the prefix's content;
 3. reset the high-water mark again, decode ``warmup`` tokens, then time ``new_tokens`` one at a
-   time with :meth:`CausalLM.step`, and then again from the same state through
-   :meth:`CausalLM.decode_session` (preallocated, in-place: what ``generate`` runs);
-4. report tokens/s, the state's tensor bytes, and the peak RSS while decoding minus the baseline
-   (so: the state, the buffers of a step, and a KV cache's copy as it grows by one token).
+   time with :meth:`CausalLM.step` (the path ``generate`` runs: the cache updated in place, key /
+   value buffers allocated once for the C + new positions);
+4. report tokens/s, the cache's bytes (:meth:`DecodeCache.nbytes`: states and decoding constants),
+   and the peak RSS while decoding minus the baseline.
 
 Optionally (``prefill_max``) the real prefill of a random prompt (one forward) is timed too, for
 C up to that length. The process runs with glibc's mmap threshold at 64 KiB (freed buffers leave
@@ -82,25 +82,33 @@ def _reset_peak() -> bool:
         return False
 
 
-def synthetic_state(model, context: int, batch: int, generator=None, chunk: int = 1024):
-    """The :class:`~primal_attention.models.lm.LMState` after ``context`` positions: every layer's
+def synthetic_state(model, context: int, batch: int, generator=None, chunk: int = 1024, capacity: int | None = None):
+    """The :class:`~primal_attention.DecodeCache` after ``context`` positions: every layer's
     ``prefill_state`` of (batch, context, D) standard-normal hidden vectors, built ``chunk``
-    positions at a time (KV caches concatenated, primal sums added: both exact)."""
+    positions at a time (KV caches concatenated, primal sums added: both exact). ``capacity``: the
+    positions the key / value buffers are allocated for (None: ``context``)."""
     import torch
 
-    from primal_attention.models.lm import LMState
+    from primal_attention.layers.cache import DecodeCache, KVBuffer
+    from primal_attention.layers.softmax import KVCache
 
     p = next(model.parameters())
-    layers = []
+    cache = DecodeCache(capacity)
     with torch.no_grad():
-        for block in model.decoder.blocks:
+        for block, layer in zip(model.decoder.blocks, cache.bind(model.decoder, batch, "synthetic_state")):
             parts = []
             for start in range(0, context, chunk):
                 n = min(chunk, context - start)
                 x = torch.randn(batch, n, model.config.dim, generator=generator, dtype=p.dtype).to(p.device)
                 parts.append(block.attn.prefill_state(x))
-            layers.append(merge_states(parts))
-    return LMState(context, layers)
+            state = merge_states(parts)
+            if isinstance(state, KVCache):
+                layer.attn = KVBuffer(capacity)
+                layer.attn.append(state.k, state.v)
+            else:
+                layer.attn = state
+    cache.length = context
+    return cache
 
 
 def merge_states(parts: list):
@@ -116,18 +124,6 @@ def merge_states(parts: list):
     if all(isinstance(c, PrimalState) for c in parts):
         return PrimalState(sum(c.total for c in parts), sum(c.count for c in parts))
     raise TypeError(f"merge_states: no rule to merge states of types {sorted({type(c).__name__ for c in parts})}")
-
-
-def state_bytes(state) -> int:
-    """Bytes of the tensors of a decoding state."""
-    import torch
-
-    total = 0
-    for layer in state.layers:
-        for t in layer:
-            if isinstance(t, torch.Tensor):
-                total += t.numel() * t.element_size()
-    return total
 
 
 def hf_gpt2(ours, max_positions: int):
@@ -157,10 +153,10 @@ def hf_gpt2(ours, max_positions: int):
             block.attn.c_attn.bias.copy_(torch.cat([a.q_proj.bias, a.k_proj.bias, a.v_proj.bias]))
             block.attn.c_proj.weight.copy_(a.out_proj.weight.t())
             block.attn.c_proj.bias.copy_(a.out_proj.bias)
-            block.mlp.c_fc.weight.copy_(ob.ffn[0].weight.t())
-            block.mlp.c_fc.bias.copy_(ob.ffn[0].bias)
-            block.mlp.c_proj.weight.copy_(ob.ffn[3].weight.t())
-            block.mlp.c_proj.bias.copy_(ob.ffn[3].bias)
+            block.mlp.c_fc.weight.copy_(ob.ffn.fc1.weight.t())
+            block.mlp.c_fc.bias.copy_(ob.ffn.fc1.bias)
+            block.mlp.c_proj.weight.copy_(ob.ffn.fc2.weight.t())
+            block.mlp.c_proj.bias.copy_(ob.ffn.fc2.bias)
         hf.transformer.ln_f.weight.copy_(ours.decoder.norm.weight)
         hf.transformer.ln_f.bias.copy_(ours.decoder.norm.bias)
     return hf
@@ -178,8 +174,8 @@ def _measure_hf(cfg: DecodeConfig, model, context: int, tokens, row: dict[str, A
     with torch.no_grad():
         baseline_kib = status_kib("VmRSS")
         cache = DynamicCache(config=hf.config)
-        for i, kv in enumerate(synthetic_state(model, context, cfg.batch, torch.Generator().manual_seed(3)).layers):
-            cache.update(kv.k, kv.v, i)
+        for i, layer in enumerate(synthetic_state(model, context, cfg.batch, torch.Generator().manual_seed(3)).layers):
+            cache.update(layer.attn.keys, layer.attn.values, i)
         peak_ok = _reset_peak()
         position = torch.arange(context, context + cfg.warmup + cfg.new_tokens)
         for t in range(cfg.warmup):
@@ -200,11 +196,8 @@ def _measure_hf(cfg: DecodeConfig, model, context: int, tokens, row: dict[str, A
 
 
 def measure_one(cfg: DecodeConfig, model_name: str, context: int) -> dict[str, Any]:
-    """One (model, context) cell, in this process (the caller makes it a fresh one).
-
-    Times :meth:`CausalLM.step` (``tokens_per_s``, the functional state) and then the same tokens
-    through :meth:`CausalLM.decode_session` (``session_tokens_per_s``: preallocated, in-place state,
-    what ``generate`` runs); the memory columns are read before the session."""
+    """One (model, context) cell, in this process (the caller makes it a fresh one): :meth:`CausalLM.step`
+    with one :class:`~primal_attention.DecodeCache` updated in place (what ``generate`` runs)."""
     import torch
 
     from primal_attention.models.lm import CausalLM, CausalLMConfig
@@ -212,8 +205,9 @@ def measure_one(cfg: DecodeConfig, model_name: str, context: int) -> dict[str, A
     torch.set_num_threads(cfg.threads)
     torch.manual_seed(0)
     device = torch.device(cfg.device)
+    total = context + cfg.warmup + cfg.new_tokens
     model = CausalLM(CausalLMConfig(
-        vocab_size=cfg.vocab_size, max_seq_len=context + cfg.warmup + cfg.new_tokens, dim=cfg.dim,
+        vocab_size=cfg.vocab_size, max_seq_len=total, dim=cfg.dim,
         num_heads=cfg.num_heads, ffn_dim=cfg.ffn_dim, attention=pattern(model_name, cfg.layers),
         attention_options={"primal": {"rank": cfg.rank}}, dropout=0.0,
     )).to(device).eval()
@@ -224,10 +218,8 @@ def measure_one(cfg: DecodeConfig, model_name: str, context: int) -> dict[str, A
     if model_name == HF_MODEL:
         return _measure_hf(cfg, model, context, tokens, row)
     with torch.no_grad():
-        # The decode layout of the weights (built once, before the baseline: not the decoding's
-        # growth), and one throwaway step from an empty state: the first call's one-time library
-        # initialisation (6-9 MiB of resident memory, on main's step too) is then not counted either.
-        plan = model.decode_plan()
+        # One throwaway step from an empty cache: the first call's one-time library initialisation
+        # (6-9 MiB of resident memory) is then not counted as the decoding's growth.
         model.step(tokens[:, 0])
     with torch.no_grad():
         if cfg.prefill_max and context <= cfg.prefill_max:
@@ -241,39 +233,26 @@ def measure_one(cfg: DecodeConfig, model_name: str, context: int) -> dict[str, A
         baseline_kib = status_kib("VmRSS")
         if cuda:
             allocated = torch.cuda.memory_allocated()
-        state = start = synthetic_state(model, context, cfg.batch, torch.Generator().manual_seed(3))._replace(plan=plan)
+        cache = synthetic_state(model, context, cfg.batch, torch.Generator().manual_seed(3), capacity=total)
         peak_ok = _reset_peak()  # the peak of decoding, with the state resident
         if cuda:
             torch.cuda.reset_peak_memory_stats()
         for t in range(cfg.warmup):
-            _, state = model.step(tokens[:, t], state)
+            model.step(tokens[:, t], cache)
         if cuda:
             torch.cuda.synchronize()
         t0 = time.perf_counter()
         for t in range(cfg.warmup, cfg.warmup + cfg.new_tokens):
-            _, state = model.step(tokens[:, t], state)
+            model.step(tokens[:, t], cache)
         if cuda:
             torch.cuda.synchronize()
         elapsed = time.perf_counter() - t0
     row.update(tokens_per_s=cfg.new_tokens * cfg.batch / elapsed, ms_per_token=1e3 * elapsed / cfg.new_tokens,
-               state_mib=state_bytes(state) / 2**20)
+               state_mib=cache.nbytes() / 2**20)
     if cuda:
         row["peak_growth_mib"] = (torch.cuda.max_memory_allocated() - allocated) / 2**20
     elif peak_ok:
         row["rss_growth_mib"] = (status_kib("VmHWM") - baseline_kib) / 1024
-    with torch.no_grad():
-        session = model.decode_session(start, cfg.batch, cfg.warmup + cfg.new_tokens)
-        for t in range(cfg.warmup):
-            session.step(tokens[:, t])
-        if cuda:
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for t in range(cfg.warmup, cfg.warmup + cfg.new_tokens):
-            session.step(tokens[:, t])
-        if cuda:
-            torch.cuda.synchronize()
-        elapsed = time.perf_counter() - t0
-    row.update(session_tokens_per_s=cfg.new_tokens * cfg.batch / elapsed)
     return row
 
 
@@ -307,8 +286,8 @@ def run_decode(cfg: DecodeConfig, *, progress: bool = True, max_total_s: float |
     import torch
 
     return {"config": asdict(cfg), "rows": rows, "torch": torch.__version__,
-            "method": "fresh process per cell; decode plan and one throwaway step before the baseline; state from "
-                      "each layer's prefill_state of C hidden vectors; "
+            "method": "fresh process per cell; one throwaway step before the baseline; cache from "
+                      "each layer's prefill_state of C hidden vectors (key / value buffers for C + new tokens); "
                       f"{cfg.warmup} warm-up tokens, then {cfg.new_tokens} timed steps; RSS growth = VmHWM of the "
                       "decoding (high-water mark reset after the state is built) minus VmRSS before the state "
                       "(glibc mmap threshold 64 KiB)"}
@@ -321,9 +300,10 @@ def render_markdown(result: dict[str, Any]) -> str:
     models = list(dict.fromkeys(r["model"] for r in rows))
     head = "| model | " + " | ".join(f"{c // 1024}K" if c % 1024 == 0 else str(c) for c in contexts) + " |"
     out = []
-    for title, key, fmt in (("tokens / s (CausalLM.step)", "tokens_per_s", "{:.0f}"),
+    for title, key, fmt in (("tokens / s (CausalLM.step with one DecodeCache, as generate)", "tokens_per_s", "{:.0f}"),
+                            # written by results of the two-path decoder (before the DecodeCache)
                             ("tokens / s (decode_session: preallocated in-place state, as generate)", "session_tokens_per_s", "{:.0f}"),
-                            ("decoding state (MiB)", "state_mib", "{:.2f}"),
+                            ("decoding cache (MiB: states and decoding constants)", "state_mib", "{:.2f}"),
                             ("peak memory growth (MiB)", "rss_growth_mib", "{:.0f}"), ("prefill of a real prompt (s)", "prefill_s", "{:.2f}")):
         if not any(key in r for r in rows):
             continue

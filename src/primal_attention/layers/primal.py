@@ -19,6 +19,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.module_tracker import ModuleTracker
 
+from primal_attention.layers.cache import LayerCache
 from primal_attention.layers.checks import check_dtype, check_heads, check_input, resolve_mask
 from primal_attention.layers.registry import register_attention
 from primal_attention.ops.primal import decode, fused, reference
@@ -284,6 +285,7 @@ class PrimalAttention(nn.Module):
         *,
         attn_mask: Tensor | None = None,
         qk_transform: QKTransform | None = None,
+        cache: LayerCache | None = None,
     ) -> Tensor:
         """x: (B, N, D); mask (or timm's attn_mask): (B, N) bool, True = real token -> (B, N, D).
 
@@ -291,7 +293,14 @@ class PrimalAttention(nn.Module):
         causal prefix mean and the feature map (e.g. a rotary position embedding for these N
         positions); returns the same shape. None (default): the layer as in docs/method.md.
         Only with ``impl="fast"``.
+        cache: causal layers, decoding (:class:`~primal_attention.layers.cache.LayerCache`): x is the
+        next chunk after the tokens whose running sums ``cache.attn`` holds (None: x starts the
+        sequence); the rows equal those of the forward over the whole sequence, and ``cache.attn``
+        becomes the sums after x. One token without gradients takes the fused step (:meth:`step`
+        with the plan kept in ``cache.attn_plan``), updating the sums in place.
         """
+        if cache is not None:
+            return self._forward_cached(x, resolve_mask(mask, attn_mask, "PrimalAttention"), cache, qk_transform)
         mask = resolve_mask(mask, attn_mask, "PrimalAttention")
         check_input(x, mask, self.embed_dim, check_finite=self.check_finite, name="PrimalAttention",
                     dtype=self.q_proj.weight.dtype)
@@ -319,6 +328,32 @@ class PrimalAttention(nn.Module):
         )
         self._record(trace)
         return trace.out
+
+    def _forward_cached(self, x: Tensor, mask: Tensor | None, cache: LayerCache,
+                        qk_transform: QKTransform | None) -> Tensor:
+        """:meth:`forward` with a decoding cache: x (B, T, D) -> (B, T, D); cache.attn advanced."""
+        if not self.causal:
+            raise RuntimeError("PrimalAttention: only causal layers decode incrementally (a cache was given)")
+        out, cache.attn = self.extend(x, cache.attn, mask, qk_transform=qk_transform)
+        return out
+
+    def decode_token(self, x: Tensor, cache: LayerCache, residual: Tensor | None = None) -> Tensor:
+        """One token of a decoding loop: x (B, D) -> (B, D) (plus ``residual`` when given), the running
+        sums in ``cache.attn`` advanced in place by the fused step (:func:`fused_step`, with the plan
+        built at the first call and kept in ``cache.attn_plan``). The same numbers as :meth:`forward`
+        with the cache; for eval mode without gradients, float32 / float64 (the caller checks)."""
+        state = cache.attn
+        if state is None:
+            if not self.causal:
+                raise RuntimeError("PrimalAttention.decode_token: only causal layers decode incrementally")
+            batch = x.shape[0]
+            state = cache.attn = PrimalState(x.new_zeros(batch, 2 * self.embed_dim), x.new_zeros(batch))
+        elif type(state) is not PrimalState or state.total.shape[0] != x.shape[0] or state.total.dtype != x.dtype:
+            self._check_state(state, x.shape[0], x.dtype, x.device, "PrimalAttention.decode_token")  # says why
+        plan = cache.attn_plan
+        if plan is None:
+            plan = cache.attn_plan = self.decode_plan()
+        return fused_step(plan, x, state.total, state.count.unsqueeze(1), inplace=True, residual=residual)[0]
 
     def _record(self, term: KSVDTerm) -> None:
         """Send a forward's KSVD term to the innermost open collector that holds this layer, if any."""
@@ -414,22 +449,23 @@ class PrimalAttention(nn.Module):
         return (not torch.is_grad_enabled() and dtype in (torch.float32, torch.float64) and x.dtype == dtype
                 and not torch.is_autocast_enabled(x.device.type))
 
-    def _check_state(self, state: Any, batch: int, dtype: torch.dtype, device: torch.device) -> None:
+    def _check_state(self, state: Any, batch: int, dtype: torch.dtype, device: torch.device,
+                     where: str = "PrimalAttention.step") -> None:
         """One clear error for a state that is not this layer's (another layer, batch or type)."""
         if not isinstance(state, PrimalState):
-            raise TypeError(f"PrimalAttention.step: expected state to be a PrimalState (or None to start), "
+            raise TypeError(f"{where}: expected state to be a PrimalState (or None to start), "
                             f"got {type(state).__name__}")
         if not (isinstance(state.total, Tensor) and isinstance(state.count, Tensor)):
-            raise TypeError(f"PrimalAttention.step: expected a PrimalState of tensors, got total "
+            raise TypeError(f"{where}: expected a PrimalState of tensors, got total "
                             f"{type(state.total).__name__} and count {type(state.count).__name__}")
         want = (batch, 2 * self.embed_dim)
         if tuple(state.total.shape) != want or tuple(state.count.shape) != (batch,):
-            raise ValueError(f"PrimalAttention.step: expected a state with total {want} and count ({batch},), got "
+            raise ValueError(f"{where}: expected a state with total {want} and count ({batch},), got "
                              f"total {tuple(state.total.shape)} and count {tuple(state.count.shape)} "
                              "(a state of another layer or batch?)")
         same_device = state.total.device == state.count.device == device
         if not same_device or not (state.total.dtype == state.count.dtype == dtype):
-            raise ValueError(f"PrimalAttention.step: expected a state of dtype {dtype} on {device}, got "
+            raise ValueError(f"{where}: expected a state of dtype {dtype} on {device}, got "
                              f"total {state.total.dtype} on {state.total.device} and count {state.count.dtype} "
                              f"on {state.count.device}")
 
@@ -458,7 +494,7 @@ class PrimalAttention(nn.Module):
                     dtype=self.q_proj.weight.dtype)
         acc = decode.accumulator_dtype(self.q_proj.weight.dtype)
         if state is not None:
-            self._check_state(state, x.shape[0], acc, x.device)
+            self._check_state(state, x.shape[0], acc, x.device, "PrimalAttention.extend")
         weights = self.weights()
         out, cache = fused.primal_attention(
             x, weights, heads=self.num_heads, causal=True, mask=mask, sampling=self.sampling,

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from primal_attention.layers.cache import KVBuffer, LayerCache
 from primal_attention.layers.checks import check_heads, check_input, resolve_mask
 from primal_attention.layers.registry import register_attention
 
@@ -109,10 +110,18 @@ class SoftmaxAttention(nn.Module):
         # A fully padded sample attends everywhere (its rows are zeroed anyway).
         return keep | ~mask.any(dim=1)[:, None, None, None]
 
-    def forward(self, x: Tensor, mask: Tensor | None = None, *, attn_mask: Tensor | None = None) -> Tensor:
-        """x: (B, N, D); mask (or timm's attn_mask): (B, N) bool, True = real token -> (B, N, D)."""
+    def forward(self, x: Tensor, mask: Tensor | None = None, *, attn_mask: Tensor | None = None,
+                cache: LayerCache | None = None) -> Tensor:
+        """x: (B, N, D); mask (or timm's attn_mask): (B, N) bool, True = real token -> (B, N, D).
+
+        cache: causal layers, decoding (:class:`~primal_attention.layers.cache.LayerCache`): x is the
+        next chunk after the keys and values in ``cache.attn`` (a :class:`KVBuffer`; None: x starts
+        the sequence), which x's are appended to; rows equal the forward over the whole sequence.
+        A decoding loop's one-token step is :meth:`decode_token`."""
         name = type(self).__name__
         mask = resolve_mask(mask, attn_mask, name)
+        if cache is not None:
+            return self._forward_cached(x, mask, cache)
         check_input(x, mask, self.embed_dim, check_finite=self.check_finite, name=name, dtype=self.q_proj.weight.dtype)
         batch, seq_len, dim = x.shape
 
@@ -196,40 +205,93 @@ class SoftmaxAttention(nn.Module):
         chunk's real tokens; past_mask (B, P) bool: which cached positions are real (None: all).
         Padding keys get no weight and padding rows equal ``out_proj.bias``, as in :meth:`forward`.
         """
-        name = type(self).__name__
+        name = f"{type(self).__name__}.extend"
+        self._check_chunk(x, mask, name)
+        q, k, v = self._qkv(x)
+        past = 0
+        if state is not None:
+            self._check_cache(state, x.shape[0], k)
+            past = state.k.shape[2]
+            k, v = torch.cat([state.k, k], dim=2), torch.cat([state.v, v], dim=2)
+        return self._attend(q, k, v, past, mask, past_mask, name), KVCache(k, v)
+
+    def _check_chunk(self, x: Tensor, mask: Tensor | None, name: str) -> None:
         if not self.causal:
-            raise RuntimeError(f"{name}.extend: only causal layers decode incrementally")
-        check_input(x, mask, self.embed_dim, check_finite=self.check_finite, name=f"{name}.extend",
-                    dtype=self.q_proj.weight.dtype)
-        batch, n, dim = x.shape
+            raise RuntimeError(f"{name}: only causal layers decode incrementally")
+        check_input(x, mask, self.embed_dim, check_finite=self.check_finite, name=name, dtype=self.q_proj.weight.dtype)
+
+    def _qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """q, k, v of x (B, T, D), each (B, H, T, d)."""
+        batch, n, _ = x.shape
 
         def heads(t: Tensor) -> Tensor:
             return t.view(batch, n, self.num_heads, self.head_dim).transpose(1, 2)
 
-        q, k, v = heads(self.q_proj(x)), heads(self.k_proj(x)), heads(self.v_proj(x))
-        past = 0
-        if state is not None:
-            self._check_cache(state, batch, k)
-            past = state.k.shape[2]
-            k, v = torch.cat([state.k, k], dim=2), torch.cat([state.v, v], dim=2)
+        return heads(self.q_proj(x)), heads(self.k_proj(x)), heads(self.v_proj(x))
+
+    def _attend(self, q: Tensor, k: Tensor, v: Tensor, past: int, mask: Tensor | None, past_mask: Tensor | None,
+                name: str) -> Tensor:
+        """The output of T queries q (B, H, T, d) over the P + T keys and values k, v (the last T the
+        queries' own): causal within the chunk, padding keys (mask, past_mask) left out -> (B, T, D)."""
+        batch, _, n, _ = q.shape
         if past_mask is not None and tuple(past_mask.shape) != (batch, past):
-            raise ValueError(f"{name}.extend: expected past_mask of shape ({batch}, {past}), got {tuple(past_mask.shape)}")
+            raise ValueError(f"{name}: expected past_mask of shape ({batch}, {past}), got {tuple(past_mask.shape)}")
         p = self.dropout if self.training else 0.0
         if past == 0 and mask is None:
             y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
         else:
-            keep = torch.ones(n, past + n, dtype=torch.bool, device=x.device).tril(diagonal=past)[None, None]
+            keep = torch.ones(n, past + n, dtype=torch.bool, device=q.device).tril(diagonal=past)[None, None]
             if mask is not None or past_mask is not None:
-                real = torch.cat([past_mask if past_mask is not None else x.new_ones(batch, past, dtype=torch.bool),
-                                  mask if mask is not None else x.new_ones(batch, n, dtype=torch.bool)], dim=1)
-                own = torch.zeros(n, past + n, dtype=torch.bool, device=x.device)
-                own[:, past:] = torch.eye(n, dtype=torch.bool, device=x.device)  # no empty row (a padding one)
+                real = torch.cat([past_mask if past_mask is not None else q.new_ones(batch, past, dtype=torch.bool),
+                                  mask if mask is not None else q.new_ones(batch, n, dtype=torch.bool)], dim=1)
+                own = torch.zeros(n, past + n, dtype=torch.bool, device=q.device)
+                own[:, past:] = torch.eye(n, dtype=torch.bool, device=q.device)  # no empty row (a padding one)
                 keep = (keep & real[:, None, None, :]) | own
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, dropout_p=p)
-        y = y.transpose(1, 2).reshape(batch, n, dim)
+        y = y.transpose(1, 2).reshape(batch, n, self.embed_dim)
         if mask is not None:
             y = y.masked_fill(~mask[:, :, None], 0.0)
-        return self.out_proj(y), KVCache(k, v)
+        return self.out_proj(y)
+
+    def decode_token(self, x: Tensor, cache: LayerCache, residual: Tensor | None = None) -> Tensor:
+        """One token of a decoding loop: x (B, D) -> (B, D) (plus ``residual`` when given), its key and
+        value written into the cache's :class:`KVBuffer` (no copy of the cache), projections from the
+        plan built at the first call (``cache.attn_plan``). The same numbers as :meth:`forward` with the
+        cache; for eval mode without gradients, float32 / float64 (the caller checks)."""
+        buffer = cache.attn
+        if buffer is None:
+            if not self.causal:
+                raise RuntimeError(f"{type(self).__name__}.decode_token: only causal layers decode incrementally")
+            buffer = cache.attn = KVBuffer(cache.capacity)
+        plan = cache.attn_plan
+        if plan is None:
+            plan = cache.attn_plan = self.decode_plan()
+        q, k, v = fused_qkv(plan, x)
+        if buffer.k is not None and (type(buffer) is not KVBuffer or buffer.k.shape[0] != x.shape[0]
+                                     or buffer.k.dtype != x.dtype):
+            self._check_cache(KVCache(buffer.keys, buffer.values) if isinstance(buffer, KVBuffer) else buffer,
+                              x.shape[0], k)
+        keys, values = buffer.append(k, v)
+        real = buffer.past_mask()  # with this token's column
+        y = F.scaled_dot_product_attention(q, keys, values, attn_mask=None if real is None else real[:, None, None, :])
+        return fused_out(plan, y, residual)
+
+    def _forward_cached(self, x: Tensor, mask: Tensor | None, cache: LayerCache) -> Tensor:
+        """:meth:`forward` with a decoding cache: x (B, T, D) -> (B, T, D); its keys and values appended."""
+        name = type(self).__name__
+        buffer = cache.attn
+        if buffer is None:
+            buffer = cache.attn = KVBuffer(cache.capacity)
+        elif not isinstance(buffer, KVBuffer):
+            raise TypeError(f"{name}: expected the cache's attention state to be a KVBuffer, got "
+                            f"{type(buffer).__name__} (a cache of another model?)")
+        self._check_chunk(x, mask, name)
+        q, k, v = self._qkv(x)
+        if buffer.k is not None:
+            self._check_cache(KVCache(buffer.keys, buffer.values), x.shape[0], k)
+        past, past_mask = buffer.length, buffer.past_mask()
+        keys, values = buffer.append(k, v, mask)
+        return self._attend(q, keys, values, past, mask, past_mask, name)
 
     def step(self, x_t: Tensor, state: KVCache | None = None) -> tuple[Tensor, KVCache]:
         """Incremental decoding for causal layers with a KV cache: x_t (B, D) or (B, 1, D).

@@ -8,21 +8,23 @@ steps. The paper's Primal.+DT: 3 layers, D 256, H 4, K 20, the last layer causal
 ``DecisionTransformerConfig(..., attention=["softmax", "softmax", "primal"])``.
 
 Incremental decoding (:meth:`DecisionTransformer.push`) feeds one token at a time through every
-layer's state (KV cache or primal O(1) state); it equals the forward over the tokens so far.
+layer's part of one :class:`~primal_attention.layers.cache.DecodeCache` (keys and values, or a primal
+layer's O(1) sums); it equals the forward over the tokens so far.
 """
 
 from __future__ import annotations
 
 from dataclasses import KW_ONLY, dataclass, field
-from typing import Any, Literal, NamedTuple
+from typing import Literal
 
 import torch
 from torch import Tensor, nn
 
+from primal_attention.layers.cache import DecodeCache
 from primal_attention.models.dropout import Dropout
 from primal_attention.models.transformer import Activation, StackConfig
 
-__all__ = ["DTState", "DecisionTransformer", "DecisionTransformerConfig"]
+__all__ = ["DecisionTransformer", "DecisionTransformerConfig"]
 
 _KINDS = ("return", "state", "action")
 
@@ -49,17 +51,6 @@ class DecisionTransformerConfig(StackConfig):
     #: authors' GPT2Model.init_weights does; the embeddings and the action head keep PyTorch's defaults
     #: there too. "torch": PyTorch's defaults everywhere (the previous init).
     block_init: Literal["gpt2", "torch"] = "gpt2"
-
-
-class DTState(NamedTuple):
-    """Decoding state: tokens pushed so far, one state per block, and the stack's fused decoding
-    plan (:meth:`TransformerStack.decode_plan`, built at the first push without gradients and carried
-    along; None until then or where a block has no fused step). The plan belongs to the weights the
-    rollout started with: after changing them, start a new state."""
-
-    tokens: int
-    layers: list[Any]
-    plan: list[Any] | None = None
 
 
 class DecisionTransformer(nn.Module):
@@ -121,19 +112,19 @@ class DecisionTransformer(nn.Module):
         h = self.decoder(self.drop(tokens), stacked).reshape(b, k, 3, -1)
         return self.predict_action(h[:, :, 1])
 
-    def push(self, kind: str, value: Tensor, timestep: Tensor, state: DTState | None = None) -> tuple[Tensor, DTState]:
-        """One token through every layer's decoding state: value (B, F), timestep (B,) int64 ->
-        (the action predicted from this token (B, A), new state). Eval mode only; the tokens must
-        come in the order return, state, action, and at most 3 · context of them."""
+    def push(self, kind: str, value: Tensor, timestep: Tensor, cache: DecodeCache | None = None
+             ) -> tuple[Tensor, DecodeCache]:
+        """One token through the decoder with its decoding cache: value (B, F), timestep (B,) int64,
+        ``cache`` (None: a new rollout) -> (the action predicted from this token (B, A), the cache,
+        updated in place). Eval mode only; the tokens must come in the order return, state, action,
+        and at most 3 · context of them."""
         if self.training:
             raise RuntimeError("DecisionTransformer.push: decoding runs without dropout; call model.eval() first")
-        n = 0 if state is None else state.tokens
+        cache = DecodeCache() if cache is None else cache
+        n = cache.length
         if kind != _KINDS[n % 3]:
             raise ValueError(f"DecisionTransformer.push: token {n} must be a {_KINDS[n % 3]} token, got {kind!r}")
         if n >= 3 * self.config.context:
             raise ValueError(f"DecisionTransformer.push: the context of {self.config.context} steps is full")
-        plan = None if state is None else state.plan
-        if plan is None and not torch.is_grad_enabled():
-            plan = self.decoder.decode_plan()
-        h, layers = self.decoder.step(self.embed(kind, value, timestep), None if state is None else state.layers, plans=plan)
-        return self.predict_action(h), DTState(n + 1, layers, plan)
+        h = self.decoder(self.embed(kind, value, timestep)[:, None], cache=cache)[:, 0]
+        return self.predict_action(h), cache

@@ -8,16 +8,25 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Literal, NamedTuple
+from typing import Literal, NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from primal_attention.layers.primal import PrimalAttention, PrimalState
-from primal_attention.layers.softmax import KVCache
+from primal_attention.layers.cache import DecodeCache
 from primal_attention.models.transformer import Activation, StackConfig
 from primal_attention.models.dropout import Dropout
+
+
+class TokenPlan(NamedTuple):
+    """What a decoding loop's step of a :class:`CausalLM` reads, gathered once (``DecodeCache.head_plan``):
+    the tied embedding (V, D) and positions (the parameters), and the head as a (D, V) contiguous copy
+    (None under autograd or in a low-precision dtype: ``embed.T`` then)."""
+
+    embed: Tensor
+    pos: Tensor
+    head_t: Tensor | None
 
 
 @dataclass(kw_only=True)
@@ -45,38 +54,15 @@ class CausalLMConfig(StackConfig):
                 raise ValueError(f"CausalLMConfig: {key} must be a positive int (vocab_size >= 2), got {value!r}")
 
 
-class LMDecodePlan(NamedTuple):
-    """The decoding constants of a :class:`CausalLM` (:meth:`CausalLM.decode_plan`): the stack's fused
-    plan (None: a block without the fused step) and a (D, V) contiguous copy of the tied head."""
-
-    blocks: list[Any] | None
-    head_t: Tensor
-    #: ``id`` of the model it was built from: a state carried to another model rebuilds it.
-    model_id: int = 0
-
-
-class LMState(NamedTuple):
-    """Decoding state of a :class:`CausalLM`: the next position and one state per block (a primal
-    layer's O(1) :class:`~primal_attention.layers.primal.PrimalState`, a softmax layer's KV cache).
-
-    ``plan``: the decoding constants (:meth:`CausalLM.decode_plan`), built at the sequence's first step
-    without gradients and carried from step to step (None until then). Like the running sums and KV
-    caches, they belong to the weights the sequence started with: after changing the parameters,
-    start a new state (or prefill again).
-    """
-
-    position: int
-    layers: list[Any]
-    plan: LMDecodePlan | None = None
-
-
 class CausalLM(nn.Module):
     """forward(tokens (B, N) int64, mask=None) -> logits (B, N, vocab_size); loss() gives the NLL.
 
-    Decoding: :meth:`prefill` (one forward over a prompt, returning the state), :meth:`step` (one
-    token) and :meth:`generate`. They equal the eval-mode forward at every position: prefill and
-    step raise a RuntimeError in training mode (call ``model.eval()``); generate switches to eval
-    and back. Positions are learned up to ``max_seq_len``, so decoding stops there.
+    Decoding is the forward with a :class:`~primal_attention.layers.cache.DecodeCache` (one object
+    passed down the stack, each module updating its own part): :meth:`prefill` (a prompt, in chunks
+    if asked, returning the cache), :meth:`step` (one token) and :meth:`generate`. They equal the
+    eval-mode forward at every position: prefill and step raise a RuntimeError in training mode
+    (call ``model.eval()``); generate switches to eval and back. Positions are learned up to
+    ``max_seq_len``, so decoding stops there.
     """
 
     def __init__(self, config: CausalLMConfig) -> None:
@@ -93,11 +79,60 @@ class CausalLM(nn.Module):
         self.drop = Dropout(c.dropout)
         self.decoder = c.stack(causal=True, max_seq_len=c.max_seq_len, norm_first=c.norm_first, activation=c.activation)
 
-    def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
-        """x: (B, N) int64 tokens, mask: (B, N) bool or None -> logits (B, N, vocab_size)."""
-        self._check_tokens(x, "CausalLM")
-        h = self.drop(self.embed(x) * self.embed_scale + self.pos[: x.shape[1]])
-        h = self.decoder(h, mask)
+    def forward(self, x: Tensor, mask: Tensor | None = None, *, cache: DecodeCache | None = None) -> Tensor:
+        """x: (B, N) int64 tokens, mask: (B, N) bool or None -> logits (B, N, vocab_size).
+
+        cache: decoding in eval mode (:class:`~primal_attention.layers.cache.DecodeCache`, updated in
+        place; a new one starts a sequence): x is the next chunk after the positions in it, and the
+        logits equal those of the forward over the whole sequence so far (a token's position is its
+        column, or its row's own after a right-padded prompt: see :meth:`prefill`).
+        """
+        if cache is not None and not isinstance(cache, DecodeCache):
+            raise TypeError(f"CausalLM: expected a DecodeCache (or None), got {type(cache).__name__}")
+        start = 0 if cache is None else cache.length
+        self._check_tokens(x, "CausalLM", start)
+        if cache is None:
+            h = self.drop(self.embed(x) * self.embed_scale + self.pos[: x.shape[1]])
+            return self.decoder(h, mask) @ self.embed.weight.T
+        self._check_eval("forward with a cache")
+        return self._head(self._hidden(x, mask, cache), cache)
+
+    def _hidden(self, x: Tensor, mask: Tensor | None, cache: DecodeCache) -> Tensor:
+        """The final hidden states (B, T, D) of the chunk x (B, T) after the cache's positions (unchecked)."""
+        steps = x.shape[1]
+        if cache.next_position is None:
+            pos = self.pos[cache.length: cache.length + steps]
+        else:
+            pos = self.pos[cache.positions(steps, x.device)]
+        h = torch.add(pos, F.embedding(x, self.embed.weight), alpha=self.embed_scale)
+        return self.decoder(h, mask, cache=cache)
+
+    def _next_logits(self, tokens_t: Tensor, cache: DecodeCache) -> Tensor:
+        """Logits (B, V) after one more token tokens_t (B,) (unchecked): the stack's ``decode_token``
+        and the cache's copy of the head, the path of a decoding loop."""
+        plan = cache.head_plan
+        if plan is None or torch.is_grad_enabled():
+            plan = self._token_plan(cache)
+        pos = plan.pos.select(0, cache.length) if cache.next_position is None else plan.pos[cache.next_position]
+        # index_select is the embedding lookup (F.embedding without its options' overhead)
+        h = self.decoder.decode_token(torch.add(pos, plan.embed.index_select(0, tokens_t), alpha=self.embed_scale), cache)
+        return torch.mm(h, plan.head_t) if plan.head_t is not None else h @ plan.embed.T
+
+    def _token_plan(self, cache: DecodeCache) -> TokenPlan:
+        """The LM's part of a decoding loop's constants (kept in ``cache.head_plan`` without gradients)."""
+        weight = self.embed.weight
+        if torch.is_grad_enabled() or weight.dtype not in (torch.float32, torch.float64):
+            return TokenPlan(weight, self.pos, None)
+        cache.head_plan = TokenPlan(weight, self.pos, weight.detach().t().contiguous())
+        return cache.head_plan
+
+    def _head(self, h: Tensor, cache: DecodeCache) -> Tensor:
+        """Logits of hidden states h (B, T, D); one row without gradients reads the cache's (D, V) copy
+        of the tied head (a one-row matmul reads it faster than ``embed.weight.T``)."""
+        if h.shape[1] == 1 and not torch.is_grad_enabled():
+            plan = cache.head_plan if cache.head_plan is not None else self._token_plan(cache)
+            if plan.head_t is not None:
+                return torch.mm(h[:, 0], plan.head_t)[:, None]
         return h @ self.embed.weight.T
 
     def loss(self, tokens: Tensor, reduction: str = "mean") -> Tensor:
@@ -105,148 +140,91 @@ class CausalLM(nn.Module):
         logits = self(tokens[:, :-1])
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1), reduction=reduction)
 
-    def step(self, tokens_t: Tensor, state: LMState | None = None) -> tuple[Tensor, LMState]:
-        """tokens_t (B,) int64, the state (None to start) -> logits (B, V) for the next token, new state.
-
-        Checked as :meth:`forward` checks its input: ids in the vocabulary, and a state whose position
-        is an int in [0, max_seq_len) that agrees with the length of its KV caches.
-        """
-        if tokens_t.dim() != 1 or tokens_t.dtype != torch.int64:
-            raise ValueError(f"CausalLM.step: expected int64 tokens (B,), got {tuple(tokens_t.shape)} {tokens_t.dtype}")
+    def step(self, tokens_t: Tensor, cache: DecodeCache | None = None) -> tuple[Tensor, DecodeCache]:
+        """tokens_t (B,) int64 after the positions in ``cache`` (None: a new cache) -> logits (B, V) for
+        the next token, and the cache, updated in place (``cache.copy()`` first to branch a sequence)."""
+        if not isinstance(tokens_t, Tensor) or tokens_t.dim() != 1:
+            raise ValueError(f"CausalLM.step: expected int64 tokens (B,), got "
+                             f"{tuple(tokens_t.shape) if isinstance(tokens_t, Tensor) else type(tokens_t).__name__}")
+        if cache is not None and not isinstance(cache, DecodeCache):
+            raise TypeError(f"CausalLM.step: expected a DecodeCache (or None to start), got {type(cache).__name__}")
+        cache = DecodeCache() if cache is None else cache
         self._check_eval("step")
-        if tokens_t.numel():
-            low, high = torch.stack(torch.aminmax(tokens_t)).tolist()  # one transfer from the device
-            if low < 0 or high >= self.config.vocab_size:
-                raise ValueError(f"CausalLM.step: token ids must be in [0, {self.config.vocab_size}), got [{low}, {high}]")
-        if state is not None:
-            self._check_state(state, tokens_t.shape[0])
-        return self._step(tokens_t, state)
-
-    def _check_state(self, state: LMState, batch: int) -> None:
-        if not isinstance(state, LMState):
-            raise TypeError(f"CausalLM.step: expected an LMState (or None to start), got {type(state).__name__}")
-        position = state.position
-        if isinstance(position, bool) or not isinstance(position, int) or position < 0:
-            raise ValueError(f"CausalLM.step: expected state.position to be an int >= 0, got {position!r}")
-        if position >= self.config.max_seq_len:
-            raise ValueError(f"CausalLM.step: position {position} is past max_seq_len {self.config.max_seq_len}")
-        if not isinstance(state.layers, (list, tuple)):
-            raise TypeError(f"CausalLM.step: expected state.layers to be a list, got {type(state.layers).__name__}")
-        blocks = self.decoder.blocks
-        if len(state.layers) != len(blocks):
-            raise ValueError(f"CausalLM.step: expected {len(blocks)} layer states, got {len(state.layers)}")
-        for i, (layer, block) in enumerate(zip(state.layers, blocks)):
-            want = PrimalState if isinstance(block.attn, PrimalAttention) else KVCache
-            if not isinstance(layer, want):
-                raise TypeError(f"CausalLM.step: block {i} ({type(block.attn).__name__}) expects a {want.__name__}, got "
-                                f"{type(layer).__name__} (a state of another model, or swapped layers?)")
-            if isinstance(layer, PrimalState):
-                if not (isinstance(layer.total, Tensor) and isinstance(layer.count, Tensor)) or layer.total.dim() != 2 \
-                        or layer.total.shape[0] != batch or layer.total.shape[1] != 2 * self.config.dim \
-                        or tuple(layer.count.shape) != (batch,):
-                    raise ValueError(f"CausalLM.step: block {i}'s PrimalState does not fit batch {batch} and width "
-                                     f"{self.config.dim}")
-                if batch and float(layer.count.max()) > position:
-                    raise ValueError(f"CausalLM.step: state.position is {position} but block {i} has summed "
-                                     f"{float(layer.count.max()):.0f} tokens (a state of another sequence, or an edited one?)")
-            # A KV cache holds one entry per token so far: its length is the position (read from
-            # the shape, so no wait for the device).
-            elif isinstance(layer.k, Tensor) and layer.k.dim() == 4 and layer.k.shape[2] != position:
-                raise ValueError(f"CausalLM.step: state.position is {position} but block {i}'s KV cache holds "
-                                 f"{layer.k.shape[2]} tokens (a state of another sequence, or an edited one?)")
-
-    def _step(self, tokens_t: Tensor, state: LMState | None) -> tuple[Tensor, LMState]:
-        """:meth:`step` without its checks (for callers whose tokens and states are their own). Without
-        gradients the state carries the decoding plan (:meth:`decode_plan`, built at its first such
-        step): every block takes its fused step (:meth:`TransformerStack.step`) and the logits come
-        from a contiguous copy of the head."""
-        position = 0 if state is None else state.position
-        weight = self.embed.weight
-        h = torch.add(self.pos[position], F.embedding(tokens_t, weight), alpha=self.embed_scale)
-        layers = None if state is None else state.layers
-        if torch.is_grad_enabled():
-            h, layers = self.decoder.step(h, layers)
-            return h @ weight.T, LMState(position + 1, layers)
-        plan = self._plan_for(state)
-        h, layers = self.decoder.step(h, layers, plans=plan.blocks)
-        return h @ plan.head_t, LMState(position + 1, layers, plan)
-
-    def _plan_for(self, state: LMState | None) -> LMDecodePlan:
-        """The state's decoding plan when it was built from this model, else a new one."""
-        plan = None if state is None else state.plan
-        return plan if plan is not None and plan.model_id == id(self) else self.decode_plan()
-
-    def decode_plan(self) -> LMDecodePlan:
-        """The decoding constants for one decoding loop whose weights do not change: the stack's fused
-        plan (:meth:`TransformerStack.decode_plan`) and a (D, V) contiguous copy of the tied head (a
-        one-row matmul reads it faster than ``embed.weight.T``); no gradient."""
-        with torch.no_grad():
-            return LMDecodePlan(self.decoder.decode_plan(), self.embed.weight.detach().t().contiguous(), id(self))
+        if tokens_t.dtype != torch.int64 or cache.length >= self.config.max_seq_len:
+            self._check_tokens(tokens_t[:, None], "CausalLM.step", cache.length)  # says why
+        if tokens_t.device.type != "cpu":  # an id out of range would be a device-side assert there
+            self._check_tokens(tokens_t[:, None], "CausalLM.step", cache.length)
+            return self._next_logits(tokens_t, cache), cache
+        try:  # on the CPU the lookup itself refuses an id out of range, before the cache changes
+            return self._next_logits(tokens_t, cache), cache
+        except IndexError:
+            self._check_tokens(tokens_t[:, None], "CausalLM.step", cache.length)
+            raise
 
     def prefill(self, prompt: Tensor, mask: Tensor | None = None, *, chunk_size: int | None = None,
-                logits: Literal["all", "last"] = "all") -> tuple[Tensor, LMState]:
-        """The prompt (B, N0) int64 through the model -> its logits and the decoding state after it.
+                logits: Literal["all", "last"] = "all", capacity: int | None = None) -> tuple[Tensor, DecodeCache]:
+        """The prompt (B, N0) int64 through the model -> its logits and the decoding cache after it.
 
-        chunk_size: feed the prompt ``chunk_size`` tokens at a time, each chunk after the state of the
-        previous ones (the blocks' ``extend``); None: one chunk. The results equal the one-chunk
-        prefill; with ``logits="last"`` an all-primal model's peak memory then depends on the chunk,
-        not on N0 (softmax layers still keep N0 keys and values).
+        chunk_size: feed the prompt ``chunk_size`` tokens at a time, each chunk after the cache of the
+        previous ones; None: one chunk. The results equal the one-chunk prefill; with ``logits="last"``
+        an all-primal model's peak memory then depends on the chunk, not on N0 (softmax layers still
+        keep N0 keys and values).
         logits: "all" -> (B, N0, V), the eval-mode forward's; "last" -> (B, V), those of each row's last
         real token (what decoding continues from) without forming the others.
-        mask (B, N0) bool marks the real tokens (True); the primal states sum only those, while a KV
-        cache keeps every position (a decoding session masks the padding: :meth:`generate` with
-        ``lengths``)."""
+        mask (B, N0) bool marks the real tokens (True): the primal sums leave the padding out, softmax
+        layers keep its columns masked, and decoding continues each row at the position after its
+        last real token (a right-padded prompt: at its length, as if it had been alone). capacity: the positions expected in all (prompt + new tokens), so that key /
+        value buffers are allocated once (None: they grow by doubling)."""
         self._check_eval("prefill")
         self._check_tokens(prompt, "CausalLM.prefill")
         if logits not in ("all", "last"):
             raise ValueError(f"CausalLM.prefill: logits must be 'all' or 'last', got {logits!r}")
         batch, n0 = prompt.shape
-        if mask is not None and (mask.dtype != torch.bool or tuple(mask.shape) != (batch, n0)):
-            raise ValueError(f"CausalLM.prefill: expected mask ({batch}, {n0}) bool, got {tuple(mask.shape)} {mask.dtype}")
+        if mask is not None and (not isinstance(mask, Tensor) or mask.dtype != torch.bool
+                                 or tuple(mask.shape) != (batch, n0)):
+            raise ValueError(f"CausalLM.prefill: expected mask ({batch}, {n0}) bool, got "
+                             f"{tuple(mask.shape) if isinstance(mask, Tensor) else type(mask).__name__} "
+                             f"{getattr(mask, 'dtype', '')}".rstrip())
         chunk = n0 if chunk_size is None else chunk_size
         if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
             raise ValueError(f"CausalLM.prefill: chunk_size must be an int >= 1 or None, got {chunk_size!r}")
-        weight = self.embed.weight
+        if capacity is not None and (isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < n0):
+            raise ValueError(f"CausalLM.prefill: capacity must be an int >= the prompt length {n0}, got {capacity!r}")
         if mask is None:
             last_index = torch.full((batch,), n0 - 1, device=prompt.device)
         else:
             positions = torch.arange(n0, device=prompt.device).expand(batch, n0)
             last_index = torch.where(mask, positions, 0).amax(dim=1)
-        states, outs, last = None, [], None
+        cache, outs, last = DecodeCache(capacity), [], None
         for start in range(0, n0, chunk):
             end = min(n0, start + chunk)
-            h = self.embed(prompt[:, start:end]) * self.embed_scale + self.pos[start:end]
-            past_mask = None if mask is None or start == 0 else mask[:, :start]
-            h, states = self.decoder.extend(h, states, None if mask is None else mask[:, start:end], past_mask)
+            h = self._hidden(prompt[:, start:end], None if mask is None else mask[:, start:end], cache)
             if logits == "all":
-                outs.append(h @ weight.T)
+                outs.append(h @ self.embed.weight.T)
                 continue
             inside = (last_index >= start) & (last_index < end)  # rows whose last real token is in this chunk
             rows = h[torch.arange(batch, device=h.device), (last_index - start).clamp(0, end - start - 1)]
             last = rows if last is None else torch.where(inside[:, None], rows, last)
-        out = torch.cat(outs, dim=1) if logits == "all" else last @ weight.T
-        return out, LMState(n0, states)
+        out = torch.cat(outs, dim=1) if logits == "all" else last @ self.embed.weight.T
+        if mask is not None and bool((last_index != n0 - 1).any()):
+            cache.next_position = last_index + 1  # rows continue after their own last real token
+        return out, cache
 
-    def _check_tokens(self, x: Tensor, where: str) -> None:
-        """One clear error for tokens that are not (B, N) int64 ids in the vocabulary within max_seq_len."""
+    def _check_tokens(self, x: Tensor, where: str, start: int = 0) -> None:
+        """One clear error for tokens that are not (B, N) int64 ids in the vocabulary within max_seq_len
+        (counting the ``start`` positions before them)."""
         if not isinstance(x, Tensor) or x.dim() != 2 or x.dtype != torch.int64:
             raise ValueError(f"{where}: expected int64 tokens (B, N), got "
                              f"{tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__} "
                              f"{x.dtype if isinstance(x, Tensor) else ''}".rstrip())
-        if not 0 < x.shape[1] <= self.config.max_seq_len:
-            raise ValueError(f"{where}: expected 1..{self.config.max_seq_len} tokens, got {x.shape[1]}")
-        if x.numel() and (int(x.min()) < 0 or int(x.max()) >= self.config.vocab_size):
-            raise ValueError(f"{where}: token ids must be in [0, {self.config.vocab_size}), got "
-                             f"[{int(x.min())}, {int(x.max())}]")
-
-    def decode_session(self, state: LMState | None, batch: int, capacity: int, *,
-                       lengths: Tensor | None = None) -> LMDecodeSession:
-        """A preallocated, in-place decoding loop for ``capacity`` more tokens after ``state`` (None:
-        empty): ``session.step(tokens_t)`` -> logits, as :meth:`step` but without copying a KV cache
-        per token. ``lengths`` (B,) int64: the real lengths of right-padded prompts (see :meth:`generate`).
-        Eval mode, under no_grad / inference_mode."""
-        self._check_eval("decode_session")
-        return LMDecodeSession(self, state, batch, capacity, lengths)
+        if not 0 < x.shape[1] <= self.config.max_seq_len - start:
+            after = f" after {start} positions" if start else ""
+            raise ValueError(f"{where}: expected 1..{self.config.max_seq_len - start} tokens{after} "
+                             f"(max_seq_len {self.config.max_seq_len}), got {x.shape[1]}")
+        if x.numel():
+            low, high = torch.stack(torch.aminmax(x)).tolist()  # one transfer from the device
+            if low < 0 or high >= self.config.vocab_size:
+                raise ValueError(f"{where}: token ids must be in [0, {self.config.vocab_size}), got [{low}, {high}]")
 
     def _check_eval(self, method: str) -> None:
         if self.training:
@@ -266,8 +244,9 @@ class CausalLM(nn.Module):
         ``prompt[b, :lengths[b]]``, its ``max_new_tokens`` new tokens, then ``pad_id``. Each row equals
         generating that prompt alone (batch 1). The prompt goes through :meth:`prefill` in chunks of
         ``prefill_chunk_size`` tokens (None: one chunk), keeping only the last real token's logits;
-        decoding runs a preallocated :meth:`decode_session` (primal sums and key / value buffers
-        updated in place). Nothing of it stays on the model afterwards.
+        each new token then goes through the model's forward with the same
+        :class:`~primal_attention.layers.cache.DecodeCache` (primal sums updated in place, key / value
+        buffers allocated once). Nothing of it stays on the model afterwards.
         """
         if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 0:
             raise ValueError(f"CausalLM.generate: max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
@@ -297,8 +276,8 @@ class CausalLM(nn.Module):
         was = self.training
         self.eval()
         try:
-            next_logits, state = self.prefill(prompt, mask, chunk_size=prefill_chunk_size, logits="last")
-            session = self.decode_session(state, batch, max_new_tokens, lengths=lengths)
+            next_logits, cache = self.prefill(prompt, mask, chunk_size=prefill_chunk_size, logits="last",
+                                              capacity=n0 + max_new_tokens)
             new = []
             for i in range(max_new_tokens):
                 if temperature == 0:
@@ -314,7 +293,7 @@ class CausalLM(nn.Module):
                     token = torch.multinomial(scaled.softmax(-1), 1, generator=generator)[:, 0]
                 new.append(token)
                 if i + 1 < max_new_tokens:
-                    next_logits = session.step(token)
+                    next_logits = self._next_logits(token, cache)
             if mask is None:
                 return torch.cat([prompt, *(t[:, None] for t in new)], dim=1)
             out = torch.full((batch, n0 + max_new_tokens), pad_id, dtype=prompt.dtype, device=prompt.device)
@@ -325,45 +304,3 @@ class CausalLM(nn.Module):
             return out
         finally:
             self.train(was)
-
-
-class LMDecodeSession:
-    """:meth:`CausalLM.decode_session`: token embedding, a :class:`DecodeSession` of the stack (or, for
-    a stack without the fused step, :meth:`CausalLM.step`), tied output head."""
-
-    def __init__(self, model: CausalLM, state: LMState | None, batch: int, capacity: int,
-                 lengths: Tensor | None) -> None:
-        self.model = model
-        position = 0 if state is None else state.position
-        if position + capacity > model.config.max_seq_len:
-            raise ValueError(f"CausalLM.decode_session: position {position} + {capacity} tokens exceeds max_seq_len "
-                             f"{model.config.max_seq_len}")
-        p = model.embed.weight
-        self.weight, self.scale, self.pos = p, model.embed_scale, model.pos
-        plan = None if torch.is_grad_enabled() else model._plan_for(state)
-        self.head = p.T if plan is None else plan.head_t
-        self.index = None if lengths is None else lengths.clone()  # per-sequence next position
-        self.position = position
-        self.state = state if plan is None or state is None else state._replace(plan=plan)
-        self.session = None
-        if plan is not None and p.dtype in (torch.float32, torch.float64) and plan.blocks is not None:
-            key_mask = None
-            if lengths is not None:
-                key_mask = torch.arange(position, device=p.device)[None, :] < lengths[:, None]
-            self.session = model.decoder.decode_session(None if state is None else state.layers, batch, capacity,
-                                                        key_mask=key_mask, plans=plan.blocks)
-        elif lengths is not None:
-            raise TypeError("CausalLM.decode_session: per-sequence lengths need the fused step "
-                            "(causal primal / softmax blocks, float32 / float64, under no_grad)")
-
-    def step(self, tokens_t: Tensor) -> Tensor:
-        """tokens_t (B,) int64 -> logits (B, V) for the next token; the state advances in place."""
-        if self.session is None:
-            logits, self.state = self.model._step(tokens_t, self.state)
-            return logits
-        pos = self.pos[self.position] if self.index is None else self.pos[self.index]
-        h = torch.add(pos, F.embedding(tokens_t, self.weight), alpha=self.scale)
-        self.position += 1
-        if self.index is not None:
-            self.index.add_(1)
-        return self.session.step(h) @ self.head

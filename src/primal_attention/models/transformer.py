@@ -7,7 +7,8 @@ e.g. ``attention_options={"primal": {"rank": 20, "rank_multi": 10}}``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import functools
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple
 
@@ -15,10 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from primal_attention.layers.primal import PrimalAttention
-from primal_attention.ops.primal.decode import PrimalState, fused_step
+from primal_attention.layers.cache import DecodeCache, LayerCache
 from primal_attention.layers.registry import build_attention
-from primal_attention.layers.softmax import KVCache, SoftmaxAttention, fused_out, fused_qkv
 from primal_attention.models.dropout import Dropout
 
 ACTIVATIONS = {"gelu": nn.GELU, "relu": nn.ReLU}
@@ -99,6 +98,112 @@ class DropPath(nn.Module):
         return f"p={self.p}"
 
 
+class FeedForwardPlan(NamedTuple):
+    """The decoding constants of a :class:`FeedForward` (:meth:`FeedForward.decode_plan`): the two
+    weights as (in, out) contiguous copies (a one-row matmul reads them about 1.5-2x faster than the
+    (out, in) parameters; measured at batch 1, D 128, one thread) and views of the biases."""
+
+    fc1_t: Tensor
+    fc1_bias: Tensor | None
+    fc2_t: Tensor
+    fc2_bias: Tensor | None
+    #: the activation as a function of the (B, F) hidden (the module's own when it is not ReLU / GELU).
+    activation: Callable[[Tensor], Tensor]
+
+
+class FeedForward(nn.Module):
+    """The position-wise feed-forward of a block: fc1 -> activation -> dropout -> fc2, x (..., D) -> (..., D).
+
+    A decoding loop's one-token step (:meth:`decode_token`) reads its :meth:`decode_plan` (built once,
+    kept in the block's :class:`~primal_attention.layers.cache.LayerCache`).
+    Checkpoints written when this was an ``nn.Sequential`` (keys ``0.*`` and ``3.*``) still load.
+    """
+
+    def __init__(self, dim: int, ffn_dim: int, activation: str = "gelu", dropout: float = 0.0) -> None:
+        super().__init__()
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
+        self.fc1 = nn.Linear(dim, ffn_dim)
+        self.act = ACTIVATIONS[activation]()
+        self.drop = Dropout(dropout)
+        self.fc2 = nn.Linear(ffn_dim, dim)
+        self.register_load_state_dict_pre_hook(_sequential_keys)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.fc2(self.drop(self.act(self.fc1(x))))
+
+    def decode_token(self, x: Tensor, cache: LayerCache, residual: Tensor | None = None) -> Tensor:
+        """One token of a decoding loop: x (B, D) -> (B, D), plus ``residual`` (B, D) when given (the
+        block's skip connection, one operation fewer). Reads :meth:`decode_plan`, built at the first
+        call and kept in ``cache.ffn_plan``. For eval mode without gradients, float32 / float64 (the
+        caller, :class:`TransformerStack`, checks)."""
+        plan = cache.ffn_plan
+        if plan is None:
+            plan = cache.ffn_plan = self.decode_plan()
+        u = torch.mm(x, plan.fc1_t) if plan.fc1_bias is None else torch.addmm(plan.fc1_bias, x, plan.fc1_t)
+        u = plan.activation(u)
+        if residual is None:
+            return torch.mm(u, plan.fc2_t) if plan.fc2_bias is None else torch.addmm(plan.fc2_bias, u, plan.fc2_t)
+        out = torch.addmm(residual, u, plan.fc2_t)
+        return out if plan.fc2_bias is None else out.add_(plan.fc2_bias)
+
+    def decode_plan(self) -> FeedForwardPlan:
+        """The constants of the one-token step from the current weights (for one decoding loop whose
+        weights do not change)."""
+        with torch.no_grad():
+            act = self.act
+            if type(act) is nn.ReLU:
+                activation = torch.relu_  # u is the step's own buffer
+            elif type(act) is nn.GELU:
+                activation = functools.partial(F.gelu, approximate=act.approximate)
+            else:
+                activation = act
+            return FeedForwardPlan(self.fc1.weight.detach().t().contiguous(), _detached(self.fc1.bias),
+                                   self.fc2.weight.detach().t().contiguous(), _detached(self.fc2.bias), activation)
+
+
+def _sequential_keys(module: nn.Module, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
+    """Rename the keys of a checkpoint from when the feed-forward was ``nn.Sequential`` (0: fc1, 3: fc2)."""
+    for old, new in (("0.", "fc1."), ("3.", "fc2.")):
+        for name in ("weight", "bias"):
+            if prefix + old + name in state_dict and prefix + new + name not in state_dict:
+                state_dict[prefix + new + name] = state_dict.pop(prefix + old + name)
+
+
+def _detached(t: Tensor | None) -> Tensor | None:
+    return None if t is None else t.detach()
+
+
+class NormPlan(NamedTuple):
+    """A LayerNorm's arguments to ``F.layer_norm``, read once for a decoding loop."""
+
+    shape: tuple[int, ...]
+    weight: Tensor | None
+    bias: Tensor | None
+    eps: float
+
+
+def norm_plan(norm: nn.Module) -> NormPlan | None:
+    """The :class:`NormPlan` of a LayerNorm (views of its parameters), None for the identity."""
+    if isinstance(norm, nn.Identity):
+        return None
+    if not isinstance(norm, nn.LayerNorm):
+        raise TypeError(f"decoding: expected a LayerNorm or Identity, got {type(norm).__name__}")
+    return NormPlan(tuple(norm.normalized_shape), _detached(norm.weight), _detached(norm.bias), norm.eps)
+
+
+class BlockPlan(NamedTuple):
+    """What a block's one-token step reads (:meth:`TransformerBlock.decode_plan`), gathered once per
+    decoding loop so that a step looks nothing up on the modules: its norms' arguments and its
+    attention's and feed-forward's own ``decode_token``."""
+
+    norm_first: bool
+    norm1: NormPlan
+    norm2: NormPlan
+    attn: Callable[..., Tensor]
+    ffn: Callable[..., Tensor]
+
+
 class TransformerBlock(nn.Module):
     """Attention + feed-forward with residuals, pre-norm or post-norm.
 
@@ -128,49 +233,47 @@ class TransformerBlock(nn.Module):
         self.norm_first = norm_first
         self.norm1 = nn.LayerNorm(dim)
         self.norm2 = nn.LayerNorm(dim)
-        self.ffn = nn.Sequential(
-            nn.Linear(dim, ffn_dim), ACTIVATIONS[activation](), Dropout(dropout), nn.Linear(ffn_dim, dim)
-        )
+        self.ffn = FeedForward(dim, ffn_dim, activation, dropout)
         self.drop = Dropout(dropout)
         self.drop_path = DropPath(drop_path) if drop_path else nn.Identity()
 
-    def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
+    def forward(self, x: Tensor, mask: Tensor | None = None, *, cache: LayerCache | None = None) -> Tensor:
+        """x (B, N, D), mask (B, N) -> (B, N, D). cache: decoding (eval mode only, a causal attention):
+        x is the next chunk after the tokens in the block's :class:`~primal_attention.layers.cache.LayerCache`,
+        which the attention and the feed-forward update (see :class:`TransformerStack`)."""
+        if cache is not None:
+            if self.training:
+                raise RuntimeError("TransformerBlock: decoding runs without dropout; call .eval() first")
+            if self.norm_first:
+                x = x + self.attn(self.norm1(x), mask, cache=cache)
+                return x + self.ffn(self.norm2(x))
+            x = self.norm1(x + self.attn(x, mask, cache=cache))
+            return self.norm2(x + self.ffn(x))
         if self.norm_first:
             x = x + self.drop_path(self.drop(self.attn(self.norm1(x), mask)))
             return x + self.drop_path(self.drop(self.ffn(self.norm2(x))))
         x = self.norm1(x + self.drop_path(self.drop(self.attn(x, mask))))
         return self.norm2(x + self.drop_path(self.drop(self.ffn(x))))
 
-    def extend(self, x: Tensor, state: Any = None, mask: Tensor | None = None,
-               past_mask: Tensor | None = None) -> tuple[Tensor, Any]:
-        """The next chunk of a causal sequence through the block: x (B, T, D) -> (B, T, D) and the
-        attention's state after it (see ``extend`` of the attention layers). Eval mode only, as :meth:`step`."""
-        if not hasattr(self.attn, "extend"):
-            raise TypeError(f"TransformerBlock.extend: {type(self.attn).__name__} has no incremental decoding")
-        if self.training:
-            raise RuntimeError("TransformerBlock.extend: decoding runs without dropout; call .eval() first")
-        if self.norm_first:
-            a, state = self.attn.extend(self.norm1(x), state, mask, past_mask)
-            x = x + a
-            return x + self.ffn(self.norm2(x)), state
-        a, state = self.attn.extend(x, state, mask, past_mask)
-        x = self.norm1(x + a)
-        return self.norm2(x + self.ffn(x)), state
+    def decode_token(self, x: Tensor, cache: LayerCache) -> Tensor:
+        """One token of a decoding loop through the block: x (B, D) -> (B, D), its attention's and
+        feed-forward's ``decode_token`` updating their parts of ``cache`` (the same numbers as
+        :meth:`forward` with the cache). For eval mode without gradients, float32 / float64, an
+        attention with ``decode_token``: :class:`TransformerStack` checks before it calls this."""
+        p = cache.block_plan
+        if p is None:
+            p = cache.block_plan = self.decode_plan()
+        n1, n2 = p.norm1, p.norm2
+        if p.norm_first:
+            x = p.attn(F.layer_norm(x, n1.shape, n1.weight, n1.bias, n1.eps), cache, x)
+            return p.ffn(F.layer_norm(x, n2.shape, n2.weight, n2.bias, n2.eps), cache, x)
+        x = F.layer_norm(p.attn(x, cache, x), n1.shape, n1.weight, n1.bias, n1.eps)
+        return F.layer_norm(p.ffn(x, cache, x), n2.shape, n2.weight, n2.bias, n2.eps)
 
-    def step(self, x_t: Tensor, state: Any = None) -> tuple[Tensor, Any]:
-        """One token through the block: x_t (B, D) -> (B, D), state. Eval mode only (no dropout, no
-        drop path), so that it equals the eval-mode forward; a RuntimeError in training mode."""
-        if not hasattr(self.attn, "step"):
-            raise TypeError(f"TransformerBlock.step: {type(self.attn).__name__} has no incremental decoding")
-        if self.training:
-            raise RuntimeError("TransformerBlock.step: decoding runs without dropout; call .eval() first")
-        if self.norm_first:
-            a, state = self.attn.step(self.norm1(x_t), state)
-            x_t = x_t + a
-            return x_t + self.ffn(self.norm2(x_t)), state
-        a, state = self.attn.step(x_t, state)
-        x_t = self.norm1(x_t + a)
-        return self.norm2(x_t + self.ffn(x_t)), state
+    def decode_plan(self) -> BlockPlan:
+        """The :class:`BlockPlan` of :meth:`decode_token`, from the block's current modules."""
+        return BlockPlan(self.norm_first, norm_plan(self.norm1), norm_plan(self.norm2),
+                         self.attn.decode_token, self.ffn.decode_token)
 
 
 class TransformerStack(nn.Module):
@@ -230,253 +333,62 @@ class TransformerStack(nn.Module):
         use_final = norm_first if final_norm is None else final_norm
         self.norm = nn.LayerNorm(dim) if use_final else nn.Identity()
 
-    def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
-        """x (B, N, D), mask (B, N) bool or None -> (B, N, D)."""
-        for block in self.blocks:
-            x = block(x, mask)
+    def forward(self, x: Tensor, mask: Tensor | None = None, *, cache: DecodeCache | None = None) -> Tensor:
+        """x (B, N, D), mask (B, N) bool or None -> (B, N, D).
+
+        cache: incremental decoding of a causal stack in eval mode
+        (:class:`~primal_attention.layers.cache.DecodeCache`; a new one starts a sequence). x is the
+        next chunk after the positions already in the cache, each block updates its own part, and
+        the rows equal those of the eval-mode forward over the whole sequence so far. A prompt fed
+        in chunks needs memory for one chunk plus the states (O(1) per primal layer).
+        """
+        if cache is None:
+            for block in self.blocks:
+                x = block(x, mask)
+            return self.norm(x)
+        if x.shape[1] == 1 and mask is None and self._token_path(x, cache):
+            return self.decode_token(x[:, 0], cache)[:, None]
+        if cache.owner is None:
+            self.check_decodable("TransformerStack")
+        for block, layer in zip(self.blocks, cache.bind(self, x.shape[0], "TransformerStack")):
+            x = block(x, mask, cache=layer)
+        cache.advance(x.shape[1])
         return self.norm(x)
 
-    def extend(self, x: Tensor, states: list[Any] | None = None, mask: Tensor | None = None,
-               past_mask: Tensor | None = None) -> tuple[Tensor, list[Any]]:
-        """The next chunk of a causal sequence through every block: x (B, T, D) -> (B, T, D) and the
-        per-block states after it (None: x starts the sequence). mask (B, T) / past_mask (B, P) bool:
-        real tokens of the chunk / of the P positions before it. Rows equal the eval-mode forward's."""
-        states = [None] * len(self.blocks) if states is None else states
-        if len(states) != len(self.blocks):
-            raise ValueError(f"TransformerStack.extend: expected {len(self.blocks)} block states, got {len(states)}")
-        new = []
-        for block, state in zip(self.blocks, states):
-            x, state = block.extend(x, state, mask, past_mask)
-            new.append(state)
-        return self.norm(x), new
+    def decode_token(self, x: Tensor, cache: DecodeCache) -> Tensor:
+        """One token of a decoding loop: x (B, D) after the positions in ``cache`` -> (B, D), the same
+        numbers as :meth:`forward` with the cache. In eval mode without gradients or autocast, in the
+        float32 / float64 of the parameters the cache began with, every block takes its fused
+        ``decode_token`` (no per-module checks or lookups); otherwise the forward."""
+        if (cache.owner != id(self) or x.dtype != cache.dtype or self.training or torch.is_grad_enabled()
+                or torch.is_autocast_enabled(cache.device_type)):  # one test on the decoding loop's path
+            if not self._token_path(x, cache):
+                return self.forward(x[:, None], cache=cache)[:, 0]
+            cache.bind(self, x.shape[0], "TransformerStack")  # a cache of another model: says so
+        for block, layer in zip(self.blocks, cache.layers):
+            x = block.decode_token(x, layer)
+        cache.advance(1)
+        if cache.norm_plan is None:
+            cache.norm_plan = (norm_plan(self.norm),)
+        n = cache.norm_plan[0]
+        return x if n is None else F.layer_norm(x, n.shape, n.weight, n.bias, n.eps)
 
-    def decode_plan(self) -> list[BlockPlan] | None:
-        """The fused decoding plan of every block, or None where a block cannot take it (an attention
-        other than causal primal / softmax, or training mode). For one decoding loop whose weights do
-        not change: it holds rearranged copies of the matmul weights and views of the LayerNorm
-        parameters and biases, so a parameter changed in place afterwards is seen in part (build a
-        new plan instead)."""
-        plans: list[BlockPlan] | None = []
-        for block in self.blocks:
+    def _token_path(self, x: Tensor, cache: DecodeCache) -> bool:
+        """Whether one token x (B, D) or (B, 1, D) may take :meth:`decode_token`'s fused path (see there)."""
+        if cache.owner is None:
+            self.check_decodable("TransformerStack")
+            cache.bind(self, x.shape[0], "TransformerStack")
+        return (x.dtype == cache.dtype and not self.training and not torch.is_grad_enabled()
+                and not torch.is_autocast_enabled(cache.device_type))
+
+    def check_decodable(self, where: str) -> None:
+        """Whether this stack can decode (the first time a cache meets it): a clear error unless every block can decode incrementally: a causal attention with ``extend``
+        (a chunk after a cache) and ``decode_token`` (one token)."""
+        for i, block in enumerate(self.blocks):
             attn = block.attn
-            ok = (not block.training and getattr(attn, "causal", False)
-                  and isinstance(attn, (PrimalAttention, SoftmaxAttention))
-                  and isinstance(block.ffn[1], (nn.GELU, nn.ReLU))
-                  and getattr(block.ffn[1], "approximate", "none") == "none")
-            if not ok:
-                plans = None
-                break
-            fc1, fc2 = block.ffn[0], block.ffn[3]
-            plans.append(BlockPlan(
-                isinstance(attn, PrimalAttention), attn.decode_plan(), block.norm_first,
-                (_detached(block.norm1.weight), _detached(block.norm1.bias), block.norm1.eps),
-                (_detached(block.norm2.weight), _detached(block.norm2.bias), block.norm2.eps),
-                # (in, out) contiguous copies: a one-row matmul reads them about 1.5-2x faster than
-                # the (out, in) weights (measured at batch 1, D 128, 1 thread)
-                fc1.weight.detach().t().contiguous(), _detached(fc1.bias), fc2.weight.detach().t().contiguous(),
-                _detached(fc2.bias), isinstance(block.ffn[1], nn.ReLU)))
-        return plans
-
-    def _fused_ok(self, x_t: Tensor) -> bool:
-        dtype = self.blocks[0].norm1.weight.dtype
-        return (not torch.is_grad_enabled() and x_t.dim() == 2 and x_t.dtype == dtype
-                and dtype in (torch.float32, torch.float64) and not torch.is_autocast_enabled(x_t.device.type))
-
-    def decode_session(self, states: list[Any] | None, batch: int, capacity: int, *,
-                       key_mask: Tensor | None = None, dtype: torch.dtype | None = None,
-                       device: torch.device | None = None, plans: list[BlockPlan] | None = None) -> DecodeSession:
-        """A :class:`DecodeSession` from per-block states (None: empty) for ``capacity`` more tokens,
-        with ``plans`` (:meth:`decode_plan`, built here when None).
-
-        Raises a RuntimeError in training mode or under autograd, a TypeError for a block without the
-        fused step (see :meth:`decode_plan`)."""
-        if self.training:
-            raise RuntimeError("TransformerStack.decode_session: decoding runs without dropout; call .eval() first")
-        if torch.is_grad_enabled():
-            raise RuntimeError("TransformerStack.decode_session: run it under torch.no_grad() / inference_mode()")
-        plans = self.decode_plan() if plans is None else plans
-        if plans is None:
-            raise TypeError("TransformerStack.decode_session: every block needs a causal primal or softmax attention "
-                            "and a GELU / ReLU feed-forward")
-        p = self.blocks[0].norm1.weight
-        states = [None] * len(self.blocks) if states is None else list(states)
-        if len(states) != len(self.blocks):
-            raise ValueError(f"TransformerStack.decode_session: expected {len(self.blocks)} block states, got {len(states)}")
-        return DecodeSession(self, plans, states, batch, capacity, key_mask, dtype or p.dtype, device or p.device)
-
-    def _fused_step(self, plans: list[BlockPlan], x: Tensor, states: list[Any]) -> tuple[Tensor, list[Any]] | None:
-        """The fused step without touching the given states (new tensors); None where a state does not
-        fit (the caller then takes the checked path, which says why)."""
-        batch = x.shape[0]
-        new = []
-        for bp, st in zip(plans, states):
-            h = _layer_norm(x, bp.ln1) if bp.norm_first else x
-            if bp.primal:
-                if st is None:
-                    total = x.new_zeros(batch, bp.attn.qk_t.shape[1])
-                    count = x.new_zeros(batch, 1)
-                elif (type(st) is PrimalState and isinstance(st.total, Tensor) and isinstance(st.count, Tensor)
-                      and st.total.shape == (batch, bp.attn.qk_t.shape[1]) and st.count.shape == (batch,)
-                      and st.total.dtype == st.count.dtype == x.dtype):
-                    total, count = st.total, st.count[:, None]
-                else:
-                    return None
-                x, total, count = fused_step(bp.attn, h, total, count, residual=x)
-                new.append(PrimalState(total, count[:, 0]))
-            else:
-                q, k, v = fused_qkv(bp.attn, h)
-                if st is not None:
-                    if not (type(st) is KVCache and isinstance(st.k, Tensor) and isinstance(st.v, Tensor)
-                            and st.k.dim() == 4 and st.k.shape == st.v.shape and st.k.shape[0] == batch
-                            and st.k.shape[1] == bp.attn.heads and st.k.shape[3] == bp.attn.head_dim
-                            and st.k.dtype == st.v.dtype == x.dtype):
-                        return None
-                    k, v = torch.cat([st.k, k], dim=2), torch.cat([st.v, v], dim=2)
-                x = fused_out(bp.attn, F.scaled_dot_product_attention(q, k, v), x)
-                new.append(KVCache(k, v))
-            if not bp.norm_first:
-                x = _layer_norm(x, bp.ln1)
-            x = _fused_ffn(bp, x)
-        return x, new
-
-    def step(self, x_t: Tensor, states: list[Any] | None = None, *,
-             plans: list[BlockPlan] | None = None) -> tuple[Tensor, list[Any]]:
-        """One token through every block: x_t (B, D) -> (B, D) and the per-block states (None to start).
-
-        With ``plans`` (:meth:`decode_plan`, built once per decoding loop), without gradients
-        (no_grad / inference_mode), in eval mode and float32 / float64, every block takes its fused
-        step (a handful of tensor operations per block, no module calls, no per-layer re-validation
-        beyond the state's shape); otherwise each block's own step (which reads the parameters)."""
-        states = [None] * len(self.blocks) if states is None else states
-        if len(states) != len(self.blocks):
-            raise ValueError(f"TransformerStack.step: expected {len(self.blocks)} block states, got {len(states)}")
-        if plans is not None and len(plans) != len(self.blocks):
-            raise ValueError(f"TransformerStack.step: expected a plan per block ({len(self.blocks)}), got {len(plans)}")
-        if plans is not None and self._fused_ok(x_t) and not any(b.training for b in self.blocks):
-            done = self._fused_step(plans, x_t, states)
-            if done is not None:
-                x_t, new = done
-                return self.norm(x_t), new
-        new = []
-        for block, state in zip(self.blocks, states):
-            x_t, state = block.step(x_t, state)
-            new.append(state)
-        return self.norm(x_t), new
-
-
-class BlockPlan(NamedTuple):
-    """What the fused decoding step of one :class:`TransformerBlock` reads (views of its parameters
-    and its attention's decode plan)."""
-
-    primal: bool
-    attn: Any
-    norm_first: bool
-    ln1: tuple[Any, Any, float]
-    ln2: tuple[Any, Any, float]
-    fc1_t: Tensor
-    fc1_b: Tensor | None
-    fc2_t: Tensor
-    fc2_b: Tensor | None
-    relu: bool
-
-
-def _detached(t: Tensor | None) -> Tensor | None:
-    return None if t is None else t.detach()
-
-
-def _layer_norm(x: Tensor, ln: tuple[Any, Any, float]) -> Tensor:
-    return F.layer_norm(x, (x.shape[-1],), ln[0], ln[1], ln[2])
-
-
-def _fused_ffn(bp: BlockPlan, x: Tensor) -> Tensor:
-    """The block's feed-forward half after its attention: x (B, D) -> (B, D)."""
-    h = _layer_norm(x, bp.ln2) if bp.norm_first else x
-    u = torch.mm(h, bp.fc1_t) if bp.fc1_b is None else torch.addmm(bp.fc1_b, h, bp.fc1_t)
-    u = u.relu_() if bp.relu else F.gelu(u)
-    out = torch.addmm(x, u, bp.fc2_t)
-    if bp.fc2_b is not None:
-        out.add_(bp.fc2_b)
-    return out if bp.norm_first else _layer_norm(out, bp.ln2)
-
-
-class DecodeSession:
-    """Incremental decoding of a :class:`TransformerStack` with preallocated, in-place state.
-
-    Built by :meth:`TransformerStack.decode_session` from per-block states (None: empty prefix).
-    Primal layers keep their running sums (B, 2D) and counts, advanced in place; softmax layers get
-    key / value buffers of (B, H, T0 + capacity, d) filled one column per token (no copy of the
-    cache per token, unlike :meth:`SoftmaxAttention.step`'s concatenation). ``key_mask`` (B, T0)
-    bool marks the real positions of the prefix (right-padded prompts of different lengths); the
-    new tokens are real for every sequence. Runs under no_grad, eval mode, float32 / float64.
-    """
-
-    def __init__(self, stack: TransformerStack, plans: list[BlockPlan], states: list[Any], batch: int,
-                 capacity: int, key_mask: Tensor | None, dtype: torch.dtype, device: torch.device) -> None:
-        self.stack, self.plans, self.batch = stack, plans, batch
-        self.layers: list[Any] = []
-        prefix = None
-        for bp, st in zip(plans, states):
-            if bp.primal:
-                width = bp.attn.qk_t.shape[1]
-                if st is None:
-                    total = torch.zeros(batch, width, dtype=dtype, device=device)
-                    count = torch.zeros(batch, 1, dtype=dtype, device=device)
-                else:
-                    total, count = st.total.clone(), st.count[:, None].clone()
-                self.layers.append([total, count])
-            else:
-                heads, d = bp.attn.heads, bp.attn.head_dim
-                t0 = 0 if st is None else st.k.shape[2]
-                if prefix is not None and t0 != prefix:
-                    raise ValueError(f"DecodeSession: softmax caches of different lengths ({prefix} and {t0})")
-                prefix = t0
-                k = torch.empty(batch, heads, t0 + capacity, d, dtype=dtype, device=device)
-                v = torch.empty_like(k)
-                if st is not None:
-                    k[:, :, :t0].copy_(st.k)
-                    v[:, :, :t0].copy_(st.v)
-                self.layers.append([k, v])
-        self.length = prefix or 0
-        self.capacity = self.length + capacity
-        self.mask = None
-        if key_mask is not None and prefix is not None:
-            self.mask = torch.ones(batch, 1, 1, self.capacity, dtype=torch.bool, device=device)
-            self.mask[:, 0, 0, : self.length].copy_(key_mask)
-        ln = stack.norm
-        self.final = (_detached(ln.weight), _detached(ln.bias), ln.eps) if isinstance(ln, nn.LayerNorm) else None
-
-    def step(self, x: Tensor) -> Tensor:
-        """One token x (B, D) through every block, state advanced in place -> the final hidden (B, D)."""
-        t = self.length
-        if t >= self.capacity and any(not bp.primal for bp in self.plans):
-            raise ValueError(f"DecodeSession.step: the key / value buffers are full ({self.capacity} positions)")
-        mask = None if self.mask is None else self.mask[..., : t + 1]
-        for bp, st in zip(self.plans, self.layers):
-            h = _layer_norm(x, bp.ln1) if bp.norm_first else x
-            if bp.primal:
-                x, _, _ = fused_step(bp.attn, h, st[0], st[1], inplace=True, residual=x)
-            else:
-                q, k, v = fused_qkv(bp.attn, h)
-                keys, values = st[0][:, :, : t + 1], st[1][:, :, : t + 1]
-                keys[:, :, t:].copy_(k)
-                values[:, :, t:].copy_(v)
-                x = fused_out(bp.attn, F.scaled_dot_product_attention(q, keys, values, attn_mask=mask), x)
-            if not bp.norm_first:
-                x = _layer_norm(x, bp.ln1)
-            x = _fused_ffn(bp, x)
-        self.length = t + 1
-        return x if self.final is None else _layer_norm(x, self.final)
-
-    def states(self) -> list[Any]:
-        """The per-block states so far, as :meth:`TransformerStack.step` takes them (copies of the
-        running sums; views of the filled part of the key / value buffers)."""
-        out = []
-        for bp, st in zip(self.plans, self.layers):
-            if bp.primal:
-                out.append(PrimalState(st[0].clone(), st[1][:, 0].clone()))
-            else:
-                out.append(KVCache(st[0][:, :, : self.length], st[1][:, :, : self.length]))
-        return out
+            if not (getattr(attn, "causal", False) and hasattr(attn, "extend") and hasattr(attn, "decode_token")):
+                raise TypeError(f"{where}: block {i}'s {type(attn).__name__} has no incremental decoding "
+                                "(decoding needs causal primal or softmax attention)")
 
 
 def hybrid_pattern(num_layers: int, kind: str, other: str = "softmax") -> list[str]:
