@@ -77,6 +77,8 @@ class Family(ABC):
 
 
 FAMILIES: dict[str, Family] = {}
+#: a saved primal model's ``model_type`` is this prefix + its architecture's (``primal_gpt2``).
+PRIMAL_TYPE_PREFIX = "primal_"
 
 
 def register_family(name: str) -> Callable[[type[Family]], type[Family]]:
@@ -94,8 +96,11 @@ def supported_model_types() -> list[str]:
 
 
 def family_of(config: PretrainedConfig) -> Family:
-    """The family of a model's config, or a ValueError that lists the supported model types."""
+    """The family of a model's config (a primal config's ``primal_<type>`` counts as ``<type>``), or a
+    ValueError that lists the supported model types."""
     model_type = getattr(config, "model_type", None)
+    if isinstance(model_type, str):
+        model_type = model_type.removeprefix(PRIMAL_TYPE_PREFIX)
     for family in FAMILIES.values():
         if model_type in family.model_types:
             return family

@@ -13,12 +13,17 @@ from torch import nn
 from transformers import AutoConfig, PreTrainedModel
 
 from primal_attention.hf.attention import OUTPUT_ATTENTIONS_ERROR, PrimalSelfAttention
+from primal_attention.hf.auto import mark_primal
 from primal_attention.hf.families import Family, copy_projections, family_of
 from primal_attention.layers.primal import PrimalAttention, is_collected
 
 #: the config attribute (and config.json key) that records every primalize call of a model.
 CONFIG_KEY = "primal_attention"
 INITS = ("from_softmax", "random")
+#: PEFT's ``modules_to_save`` for a primalized model: each primal layer (``PrimalSelfAttention.primal``:
+#: Λ, W_e, W_r and its projections), which has no pretrained counterpart and trains whole beside the
+#: adapters: ``LoraConfig(target_modules=[...], modules_to_save=hf.PEFT_MODULES_TO_SAVE)``.
+PEFT_MODULES_TO_SAVE = ["primal"]
 #: options fixed by the model's config, not by the caller.
 _FIXED = ("embed_dim", "num_heads", "causal")
 
@@ -160,8 +165,9 @@ def primalize(
     if len(slots) != count:
         raise ValueError(f"primalize: found {len(slots)} self-attention modules for num_hidden_layers={count}")
     chosen = _resolve_layers(layers, count)
+    already = {i for i, (_, module) in enumerate(slots) if isinstance(module, PrimalSelfAttention)}
     for i in chosen:
-        if isinstance(slots[i][1], PrimalSelfAttention):
+        if i in already:
             raise ValueError(f"primalize: layer {i} is already primal")
 
     resolved: dict[str, dict[str, Any]] = {}
@@ -189,12 +195,58 @@ def primalize(
     wrappers = [m for _, m in _attention_slots(model, family) if isinstance(m, PrimalSelfAttention)]
     for wrapper in wrappers:
         wrapper.model_all_primal = len(wrappers) == count
-    records = list(getattr(config, CONFIG_KEY, None) or [])
+    records = _live_records(list(getattr(config, CONFIG_KEY, None) or []), already)
     records.append({"layers": chosen, "options": dict(primal_options), "resolved": resolved,
                     **({"decode_plan": True} if decode_plan else {})})
     setattr(config, CONFIG_KEY, records)
+    mark_primal(config)
     _install_hooks(model)
     return model
+
+
+def _check_records(records: list[Any], where: str) -> None:
+    for i, record in enumerate(records):
+        if not isinstance(record, dict) or not isinstance(record.get("layers"), list) \
+                or not isinstance(record.get("options", {}), dict):
+            raise ValueError(f"{where}: record {i} of '{CONFIG_KEY}' is malformed "
+                             f"(expected {{'layers': [...], 'options': {{...}}}}), got {record!r}")
+
+
+def replay_records(model: PreTrainedModel) -> None:
+    """Primalize ``model`` (``init="random"``) as its config's record says; the record stays as it came.
+
+    What :func:`from_pretrained` and the Auto classes' primal model classes run before loading weights.
+    """
+    records = primal_settings(model.config)
+    _check_records(records, f"{type(model).__name__}: its config")
+    setattr(model.config, CONFIG_KEY, [])
+    for record in records:
+        plan = bool(record.get("decode_plan", False))
+        resolved = record.get("resolved")
+        if isinstance(resolved, dict) and resolved:  # every option as built: today's defaults do not matter
+            for layer, options in resolved.items():
+                primalize(model, layers=[int(layer)], init="random", decode_plan=plan, **options)
+        else:
+            primalize(model, layers=record["layers"], init="random", decode_plan=plan, **record.get("options", {}))
+    setattr(model.config, CONFIG_KEY, records)  # the calls as they were recorded, saved again as they came
+
+
+def _live_records(records: list[Any], primal_layers: set[int]) -> list[dict[str, Any]]:
+    """The records' layers that are primal in the model now (a config copied from a primal checkpoint onto
+    a softmax model records layers the model does not have)."""
+    live = []
+    for record in records:
+        if not isinstance(record, dict) or not isinstance(record.get("layers"), list):
+            continue
+        layers = [i for i in record["layers"] if isinstance(i, int) and i in primal_layers]
+        if not layers:
+            continue
+        kept = {**record, "layers": layers}
+        if isinstance(record.get("resolved"), dict):
+            kept["resolved"] = {k: v for k, v in record["resolved"].items() if k.lstrip("-").isdigit()
+                                and int(k) in primal_layers}
+        live.append(kept)
+    return live
 
 
 def primal_settings(model_or_config: PreTrainedModel | Any) -> list[dict[str, Any]]:
@@ -269,24 +321,12 @@ def from_pretrained(model_class: type[M], path: str | Path, *, dtype: torch.dtyp
     if family_config_class is not None and not isinstance(config, family_config_class):
         raise TypeError(f"from_pretrained: {path} holds a {type(config).__name__} model, not one of "
                         f"{model_class.__name__} ({family_config_class.__name__})")
-    for i, record in enumerate(records):
-        if not isinstance(record, dict) or not isinstance(record.get("layers"), list) \
-                or not isinstance(record.get("options", {}), dict):
-            raise ValueError(f"from_pretrained: {path}/config.json: record {i} of '{CONFIG_KEY}' is malformed "
-                             f"(expected {{'layers': [...], 'options': {{...}}}}), got {record!r}")
-    setattr(config, CONFIG_KEY, [])
+    _check_records(records, f"from_pretrained: {path}/config.json")
     state = _load_weights(path)
     saved = next((t.dtype for t in state.values() if t.is_floating_point()), None)
     model = model_class(config)
-    for record in records:
-        plan = bool(record.get("decode_plan", False))
-        resolved = record.get("resolved")
-        if isinstance(resolved, dict) and resolved:  # every option as built: today's defaults do not matter
-            for layer, options in resolved.items():
-                primalize(model, layers=[int(layer)], init="random", decode_plan=plan, **options)
-        else:
-            primalize(model, layers=record["layers"], init="random", decode_plan=plan, **record.get("options", {}))
-    setattr(model.config, CONFIG_KEY, records)  # the calls as they were recorded, saved again as they came
+    if not any(isinstance(m, PrimalSelfAttention) for m in model.modules()):  # the primal classes replay themselves
+        replay_records(model)
     target = wanted if wanted is not None else saved
     if target is not None:
         model.to(target)
