@@ -1,4 +1,4 @@
-"""Issue 27's target table in one run: decoding (today's code vs now vs Hugging Face GPT-2), the
+"""The performance target table in one run: decoding (today's code vs now vs Hugging Face GPT-2), the
 decoding state's growth, and the efficiency rows (inference, layer, training step vs the authors').
 
     .venv/bin/python scripts/perf_check.py --authors-repo <export of yingyichen-cyy/PrimalAttention>
@@ -38,6 +38,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from primal_attention.provenance import shown_command
 
 ROOT = Path(__file__).resolve().parents[1]
 KINDS = ("transformer", "primal+", "primalformer")
@@ -200,12 +202,12 @@ def efficiency(out: Path, threads: int, repeats: int, authors: str | None, level
         cmd += ["--authors-repo", authors]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
     if proc.returncode != 0:
-        return {"error": (proc.stderr.strip().splitlines() or ["?"])[-1], "command": " ".join(cmd)}
+        return {"error": (proc.stderr.strip().splitlines() or ["?"])[-1], "command": shown_command(cmd)}
     r = json.loads((d / "results.json").read_text())
     t = {(x["level"], x["method"]): x["time"]["median"] for x in r["records"]
          if x["seq_len"] == 4096 and x.get("status") == "ok" and isinstance(x.get("time"), dict)}
     lim = {(x["level"], x["method"]): x for x in r["analysis"]["limits"]}
-    res: dict = {"command": " ".join(cmd), "times_s": {f"{k[0]}/{k[1]}": v for k, v in t.items()}}
+    res: dict = {"command": shown_command(cmd), "times_s": {f"{k[0]}/{k[1]}": v for k, v in t.items()}}
     for level in ("infer", "layer", "train"):
         if (level, "authors") in t and (level, "primal") in t:
             res[f"{level}_vs_authors"] = t[(level, "authors")] / t[(level, "primal")]
@@ -278,7 +280,7 @@ def target_table(result: dict) -> list[str]:
 
 
 def render(result: dict) -> str:
-    lines = [f"# Issue 27 perf check ({result['started']}, {result['threads']} threads for the efficiency rows, "
+    lines = [f"# Performance check ({result['started']}, {result['threads']} threads for the efficiency rows, "
              f"{result['decode_threads']} for decoding)", "", f"Command: `{result['command']}`", "", *target_table(result), "",
              "## Decoding cells (tokens/s, median of interleaved rounds)", "",
              "| model | batch | context | --base (generate's loop) | now (step with a DecodeCache) | HF GPT-2 | cache (KiB) |",
@@ -297,8 +299,8 @@ BEGIN, END = "<!-- perf_check:begin -->", "<!-- perf_check:end -->"
 
 
 def put_section(page: Path, result: dict) -> None:
-    """The issue-27 target table, with its command and date, between the markers of ``page``."""
-    section = "\n".join([BEGIN, "## Issue 27 targets (scripts/perf_check.py)", "",
+    """The performance target table, with its command and date, between the markers of ``page``."""
+    section = "\n".join([BEGIN, "## Performance targets (scripts/perf_check.py)", "",
                           f"Measured {result['started']} with `{result['command']}` (ratios side by side in one run; "
                           "decoding cells in fresh processes, methods interleaved, median of rounds).", "",
                           *target_table(result), "", END])
@@ -352,7 +354,7 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="perf_check_"))
     env = {**os.environ, "OMP_NUM_THREADS": str(args.decode_threads), "MALLOC_MMAP_THRESHOLD_": "65536",
            "PYTHONPATH": os.environ["PYTHONPATH"]}
-    result: dict = {"started": time.strftime("%Y-%m-%d %H:%M:%S"), "command": " ".join([sys.executable, *sys.argv]),
+    result: dict = {"started": time.strftime("%Y-%m-%d %H:%M:%S"), "command": shown_command([sys.executable, *sys.argv]),
                     "threads": threads, "decode_threads": args.decode_threads, "shape": SHAPE, "decode": [],
                     "efficiency": {}}
     base = str(export_base(args.base, tmp, Path(args.git)))

@@ -36,6 +36,7 @@ from primal_attention.bench.memory import MemoryServer, measure_case
 from primal_attention.bench.methods import METHODS, availability
 from primal_attention.bench.timing import Timing, sync
 from primal_attention.bench.workloads import Case, build
+from primal_attention.provenance import shown_command
 
 Record = dict[str, Any]
 
@@ -128,7 +129,7 @@ def run_grid(
         "machine": machine_info(config.device),
         "memory_budget_bytes": memory_budget,
         "started": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "command": " ".join(sys.argv),
+        "command": shown_command(sys.argv),
         "retain_freed_memory": retained,
     }
     log(f"primal bench: {config.device}, {torch.get_num_threads()} threads, torch {torch.__version__}")

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 from transformers.cache_utils import Cache, CacheLayerMixin, DynamicLayer, EncoderDecoderCache
 
 from primal_attention.ops.primal.decode import PrimalDecodePlan, PrimalState
@@ -83,7 +83,7 @@ class PrimalCacheLayer(CacheLayerMixin):
         (rearranged weight copies, 4·D² numbers: constant in the context length, but not free)."""
         tensors = [] if self.state is None else list(self.state)
         if self.plan is not None:
-            tensors += [t for t in self.plan if isinstance(t, Tensor)]
+            tensors += [t for t in self.plan if isinstance(t, Tensor) and not isinstance(t, nn.Parameter)]
         return sum(t.numel() * t.element_size() for t in tensors)
 
     def reset(self) -> None:

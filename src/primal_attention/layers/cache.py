@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 
 class KVBuffer:
@@ -192,7 +192,8 @@ class DecodeCache:
         return new
 
     def plan_nbytes(self) -> int:
-        """Bytes of the decoding constants alone (the modules' plans, the head), views of parameters included."""
+        """Bytes of the decoding constants alone (the modules' plans, the head): their rearranged copies of
+        the weights; parameters they refer to as they are count 0."""
         return (sum(_nbytes(layer.attn_plan) + _nbytes(layer.ffn_plan) + _nbytes(layer.block_plan) for layer in self.layers)
                 + _nbytes(self.head_plan) + _nbytes(self.norm_plan))
 
@@ -216,9 +217,10 @@ def _clone(state: Any) -> Any:
 
 
 def _nbytes(obj: Any) -> int:
-    """Bytes of the tensors in obj (a tensor, a KVBuffer, a tuple of them, or None); a constant that is
-    a view of a parameter counts too."""
-    if obj is None:
+    """Bytes of the tensors in obj (a tensor, a KVBuffer, a tuple of them, or None). A parameter that a
+    plan refers to as it is (an embedding, a norm's weight, a bias) is the model's memory, not the
+    cache's, and counts 0."""
+    if obj is None or isinstance(obj, nn.Parameter):
         return 0
     if isinstance(obj, Tensor):
         return obj.numel() * obj.element_size()

@@ -149,10 +149,11 @@ class CausalLM(nn.Module):
         if cache is not None and not isinstance(cache, DecodeCache):
             raise TypeError(f"CausalLM.step: expected a DecodeCache (or None to start), got {type(cache).__name__}")
         cache = DecodeCache() if cache is None else cache
-        self._check_eval("step")
+        if self.training:
+            self._check_eval("step")
         if tokens_t.dtype != torch.int64 or cache.length >= self.config.max_seq_len:
             self._check_tokens(tokens_t[:, None], "CausalLM.step", cache.length)  # says why
-        if tokens_t.device.type != "cpu":  # an id out of range would be a device-side assert there
+        if not tokens_t.is_cpu:  # an id out of range would be a device-side assert there
             self._check_tokens(tokens_t[:, None], "CausalLM.step", cache.length)
             return self._next_logits(tokens_t, cache), cache
         try:  # on the CPU the lookup itself refuses an id out of range, before the cache changes

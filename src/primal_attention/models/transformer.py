@@ -158,8 +158,8 @@ class FeedForward(nn.Module):
                 activation = functools.partial(F.gelu, approximate=act.approximate)
             else:
                 activation = act
-            return FeedForwardPlan(self.fc1.weight.detach().t().contiguous(), _detached(self.fc1.bias),
-                                   self.fc2.weight.detach().t().contiguous(), _detached(self.fc2.bias), activation)
+            return FeedForwardPlan(self.fc1.weight.detach().t().contiguous(), self.fc1.bias,
+                                   self.fc2.weight.detach().t().contiguous(), self.fc2.bias, activation)
 
 
 def _sequential_keys(module: nn.Module, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
@@ -168,10 +168,6 @@ def _sequential_keys(module: nn.Module, state_dict: dict[str, Any], prefix: str,
         for name in ("weight", "bias"):
             if prefix + old + name in state_dict and prefix + new + name not in state_dict:
                 state_dict[prefix + new + name] = state_dict.pop(prefix + old + name)
-
-
-def _detached(t: Tensor | None) -> Tensor | None:
-    return None if t is None else t.detach()
 
 
 class NormPlan(NamedTuple):
@@ -184,12 +180,12 @@ class NormPlan(NamedTuple):
 
 
 def norm_plan(norm: nn.Module) -> NormPlan | None:
-    """The :class:`NormPlan` of a LayerNorm (views of its parameters), None for the identity."""
+    """The :class:`NormPlan` of a LayerNorm (its parameters themselves), None for the identity."""
     if isinstance(norm, nn.Identity):
         return None
     if not isinstance(norm, nn.LayerNorm):
         raise TypeError(f"decoding: expected a LayerNorm or Identity, got {type(norm).__name__}")
-    return NormPlan(tuple(norm.normalized_shape), _detached(norm.weight), _detached(norm.bias), norm.eps)
+    return NormPlan(tuple(norm.normalized_shape), norm.weight, norm.bias, norm.eps)
 
 
 class BlockPlan(NamedTuple):
@@ -264,11 +260,12 @@ class TransformerBlock(nn.Module):
         if p is None:
             p = cache.block_plan = self.decode_plan()
         n1, n2 = p.norm1, p.norm2
+        # torch.layer_norm: F.layer_norm without its dispatch checks, on a path of one-row operations
         if p.norm_first:
-            x = p.attn(F.layer_norm(x, n1.shape, n1.weight, n1.bias, n1.eps), cache, x)
-            return p.ffn(F.layer_norm(x, n2.shape, n2.weight, n2.bias, n2.eps), cache, x)
-        x = F.layer_norm(p.attn(x, cache, x), n1.shape, n1.weight, n1.bias, n1.eps)
-        return F.layer_norm(p.ffn(x, cache, x), n2.shape, n2.weight, n2.bias, n2.eps)
+            x = p.attn(torch.layer_norm(x, n1.shape, n1.weight, n1.bias, n1.eps), cache, x)
+            return p.ffn(torch.layer_norm(x, n2.shape, n2.weight, n2.bias, n2.eps), cache, x)
+        x = torch.layer_norm(p.attn(x, cache, x), n1.shape, n1.weight, n1.bias, n1.eps)
+        return torch.layer_norm(p.ffn(x, cache, x), n2.shape, n2.weight, n2.bias, n2.eps)
 
     def decode_plan(self) -> BlockPlan:
         """The :class:`BlockPlan` of :meth:`decode_token`, from the block's current modules."""
@@ -371,7 +368,7 @@ class TransformerStack(nn.Module):
         if cache.norm_plan is None:
             cache.norm_plan = (norm_plan(self.norm),)
         n = cache.norm_plan[0]
-        return x if n is None else F.layer_norm(x, n.shape, n.weight, n.bias, n.eps)
+        return x if n is None else torch.layer_norm(x, n.shape, n.weight, n.bias, n.eps)
 
     def _token_path(self, x: Tensor, cache: DecodeCache) -> bool:
         """Whether one token x (B, D) or (B, 1, D) may take :meth:`decode_token`'s fused path (see there)."""

@@ -86,7 +86,7 @@ def baselines_for(config: Path, seeds: Sequence[int], cache: Path, overrides: Se
         stored = {}
     known = stored.get("seeds", [])
     from primal_attention.train.config import load_config
-    from primal_attention.train.experiments import shown_path
+    from primal_attention.provenance import shown_path
     from primal_attention.train.trivial import trivial_baselines
 
     cfg = None

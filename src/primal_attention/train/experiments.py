@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from primal_attention.provenance import shown_path
 from primal_attention.train.config import load_config
 from primal_attention.train.trainer import run_seeds
 
@@ -46,15 +47,6 @@ def run_stored(config: Path, store: Path, work: Path, seed: int, overrides: Sequ
     store.parent.mkdir(parents=True, exist_ok=True)
     store.write_text(json.dumps(metrics, indent=2))
     return metrics
-
-
-def shown_path(path: Path) -> str:
-    """``path`` relative to the working directory where it lies below it, else as given: what committed
-    records and reports show, so that they carry no path of the machine that made them."""
-    try:
-        return str(Path(path).resolve().relative_to(Path.cwd().resolve()))
-    except ValueError:
-        return str(path)
 
 
 def rounded(obj: Any) -> Any:
