@@ -80,3 +80,18 @@ def test_hf_gpt2_anchor_has_our_block_weights() -> None:
         hf.transformer.wte.weight.mul_(lm.embed_scale)  # our input scale; the tied head then scales the logits
         got = hf(input_ids=tokens).logits / lm.embed_scale
         torch.testing.assert_close(got, lm(tokens), rtol=1e-4, atol=1e-4)
+
+
+def test_the_decode_level_times_a_primalized_hf_model_with_a_constant_cache(tmp_path) -> None:
+    pytest.importorskip("transformers")
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    proc = subprocess.run([sys.executable, "-m", "primal_attention.cli", "bench", "--levels", "decode",
+                           "--decode-models", "gpt2-hf-primal,gpt2-hf", "--seq-lens", "64,256",
+                           "--out", str(tmp_path / "d")], capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    rows = {(r["model"], r["context"]): r for r in json.loads((tmp_path / "d" / "decode.json").read_text())["rows"]}
+    primal = [rows[("gpt2-hf-primal", c)] for c in (64, 256)]
+    assert all(r["tokens_per_s"] > 0 and r["prefill_s"] > 0 for r in primal)
+    assert primal[0]["state_mib"] == primal[1]["state_mib"]  # the running sums: the same at every context
+    kv = {c: rows[("gpt2-hf", c)]["state_mib"] for c in (64, 256)}  # the KV cache: context + 4 + 64 decoded tokens
+    assert kv[256] / kv[64] == pytest.approx((256 + 68) / (64 + 68))

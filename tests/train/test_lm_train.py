@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import random
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 from test_trainer import cli
 
 from primal_attention.data.lm import BPETokenizer, LMData
@@ -221,3 +225,60 @@ def test_generate_input_errors_are_one_line(tmp_path, text_dir, monkeypatch, cap
     code, tiny_t, err = generate(str(run), "--prompt", "The king", "--max-new-tokens", "6", "--temperature", "1e-45")
     assert code == 0, err  # the logits divided by 1e-45 no longer overflow to NaN: greedy in the limit
     assert tiny_t == generate(str(run), "--prompt", "The king", "--max-new-tokens", "6", "--temperature", "0")[1]
+
+
+@pytest.mark.parametrize("architecture,config", [("gpt2", []), ("llama", ["model.hf.config.rms_norm_eps=1e-6"])])
+def test_an_hf_architecture_trains_resumes_evaluates_and_generates(tmp_path, text_dir, env, architecture, config) -> None:
+    pytest.importorskip("transformers")
+    out = tmp_path / "run"
+    hf = ["model.kind=primalformer", f"model.hf.architecture={architecture}", *config]
+    proc = cli("train", str(CONFIG), "--out", str(out), *tiny(text_dir, "train.steps=20", "train.eval_every=10", *hf),
+               env=env)
+    assert proc.returncode == 0, proc.stderr
+    run = out / "seed_0"
+    m = json.loads((run / "metrics.json").read_text())
+    assert m["test_ppl"] < 300 and m["steps"] == 20
+    assert set(m["ksvd_j_final"]) == {f"model.{p}.{i}.{a}.primal" for i in (0, 1)
+                                      for p, a in [{"gpt2": ("transformer.h", "attn"),
+                                                    "llama": ("model.layers", "self_attn")}[architecture]]}
+    # resume: more steps continue from the last checkpoint
+    more = cli("train", str(CONFIG), "--out", str(out), "--resume",
+               *tiny(text_dir, "train.steps=30", "train.eval_every=10", *hf), env=env)
+    assert more.returncode == 0, more.stderr
+    assert json.loads((run / "metrics.json").read_text())["steps"] == 30
+    ev = cli("eval", str(out), env=env)
+    assert ev.returncode == 0, ev.stderr
+    gen = cli("generate", str(run), "--prompt", "The king", "--max-new-tokens", "6", "--temperature", "0", env=env)
+    assert gen.returncode == 0, gen.stderr
+    assert gen.stdout.startswith("The king") and len(gen.stdout) > len("The king")
+
+
+def test_hf_model_configs_are_one_line_errors(tmp_path, text_dir, env) -> None:
+    pytest.importorskip("transformers")
+    for sets, message in ((["model.hf.architecture=bert"], "model.hf.architecture must be one of gpt2, llama, qwen2"),
+                          (["model.hf.architecture=gpt2", "model.hf.config.n_layer=3"], "come from model.layers"),
+                          (["model.hf.architecture=gpt2", "model.attention=[primal,softmax]"],
+                           "a per-layer model.attention list does not apply")):
+        proc = cli("train", str(CONFIG), "--out", str(tmp_path / "bad"), *tiny(text_dir, *sets), env=env)
+        assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+        assert "Traceback" not in proc.stderr
+
+
+def test_an_hf_architecture_trains_under_ddp(tmp_path, text_dir, env) -> None:
+    """torchrun with 2 gloo processes trains the HF model with its KSVD term (Λ moves) and writes one run."""
+    pytest.importorskip("transformers")
+    args = tiny(text_dir, "train.steps=6", "train.eval_every=3", "model.kind=primal+", "model.hf.architecture=gpt2",
+                "train.eta=0.2", "train.ksvd_reduction=sample")
+    ddp = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+         "-m", "primal_attention.cli", "train", str(CONFIG), "--out", str(tmp_path / "two"), *args],
+        capture_output=True, text=True, timeout=600, env={**os.environ, **env, "OMP_NUM_THREADS": "1"})
+    assert ddp.returncode == 0, ddp.stderr[-3000:]
+    run = tmp_path / "two" / "seed_0"
+    m = json.loads((run / "metrics.json").read_text())
+    assert set(m["ksvd_j_final"]) == {"model.transformer.h.1.attn.primal"} and m["steps"] == 6
+    ckpts = sorted((run / "checkpoints").glob("ckpt-*"))
+    assert len(ckpts) >= 2, ckpts
+    name = "model.transformer.h.1.attn.primal.lam"
+    assert not torch.equal(load_file(str(ckpts[0] / "model.safetensors"))[name],
+                           load_file(str(ckpts[-1] / "model.safetensors"))[name])  # Λ trains: only KSVD moves it

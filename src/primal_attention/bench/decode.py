@@ -39,6 +39,10 @@ DECODE_MODELS = ("transformer", "primal+", "primalformer")
 #: the anchor a user would pick instead: Hugging Face GPT-2 of the same shape with its KV cache
 #: (``transformers`` imported only for it; the cell says so when it is not installed).
 HF_MODEL = "gpt2-hf"
+#: the same GPT-2 with every layer primalized (``primal_attention.hf.primalize``): decoding through HF's
+#: own forward and cache, as a user of a primalized HF model runs it.
+HF_PRIMAL_MODEL = "gpt2-hf-primal"
+HF_MODELS = (HF_MODEL, HF_PRIMAL_MODEL)
 DEFAULT_CONTEXTS = (1024, 2048, 4096, 8192, 16384, 32768, 65536)
 
 
@@ -66,7 +70,7 @@ class DecodeConfig:
 def pattern(model: str, layers: int) -> list[str]:
     from primal_attention.models.transformer import hybrid_pattern
 
-    if model == HF_MODEL:
+    if model in HF_MODELS:
         return hybrid_pattern(layers, "transformer")
     if model not in DECODE_MODELS:
         raise ValueError(f"decode model must be one of {', '.join(DECODE_MODELS)}, got {model!r}")
@@ -163,19 +167,36 @@ def hf_gpt2(ours, max_positions: int):
 
 
 def _measure_hf(cfg: DecodeConfig, model, context: int, tokens, row: dict[str, Any]) -> dict[str, Any]:
-    """The gpt2-hf cell: GPT-2 with a ``DynamicCache`` holding the all-softmax model's keys and values."""
+    """The gpt2-hf cells: GPT-2 with a ``DynamicCache`` holding the all-softmax model's keys and values,
+    or (gpt2-hf-primal) every layer primalized, its cache filled by a chunked prefill of the context."""
     import torch
 
     try:
         from transformers import DynamicCache
     except ImportError:
-        return {**row, "skipped": "transformers is not installed (pip install transformers): no HF GPT-2 anchor"}
+        return {**row, "skipped": "transformers is not installed (pip install transformers): no HF GPT-2 cell"}
     hf = hf_gpt2(model, context + cfg.warmup + cfg.new_tokens)
+    primal = row["model"] == HF_PRIMAL_MODEL
+    if primal:
+        from primal_attention import hf as pa_hf
+
+        pa_hf.primalize(hf, layers="all", rank=cfg.rank).eval()
     with torch.no_grad():
         baseline_kib = status_kib("VmRSS")
         cache = DynamicCache(config=hf.config)
-        for i, layer in enumerate(synthetic_state(model, context, cfg.batch, torch.Generator().manual_seed(3)).layers):
-            cache.update(layer.attn.keys, layer.attn.values, i)
+        if primal:  # O(N) prefill through HF's forward, 1024 tokens at a time
+            prompt = torch.randint(0, cfg.vocab_size, (cfg.batch, context), generator=torch.Generator().manual_seed(2))
+            t0 = time.perf_counter()
+            for start in range(0, context, 1024):
+                chunk = prompt[:, start:start + 1024]
+                hf(input_ids=chunk, past_key_values=cache, use_cache=True,
+                   position_ids=torch.arange(start, start + chunk.shape[1]).expand(cfg.batch, -1))
+            row["prefill_s"] = time.perf_counter() - t0
+            del prompt
+        else:
+            for i, layer in enumerate(synthetic_state(model, context, cfg.batch,
+                                                      torch.Generator().manual_seed(3)).layers):
+                cache.update(layer.attn.keys, layer.attn.values, i)
         peak_ok = _reset_peak()
         position = torch.arange(context, context + cfg.warmup + cfg.new_tokens)
         for t in range(cfg.warmup):
@@ -186,10 +207,13 @@ def _measure_hf(cfg: DecodeConfig, model, context: int, tokens, row: dict[str, A
             hf(input_ids=tokens[:, t : t + 1], past_key_values=cache, use_cache=True,
                position_ids=position[t].expand(cfg.batch, 1))
         elapsed = time.perf_counter() - t0
-    # keys and values after the decoding, as the other models' state column
-    kv_bytes = 2 * cfg.batch * cache.get_seq_length() * model.config.dim * 4 * len(hf.transformer.h)
+    # the cache after the decoding, as the other models' state column
+    if primal:
+        state_bytes = pa_hf.cache_nbytes(cache)
+    else:
+        state_bytes = 2 * cfg.batch * cache.get_seq_length() * model.config.dim * 4 * len(hf.transformer.h)
     row.update(tokens_per_s=cfg.new_tokens * cfg.batch / elapsed, ms_per_token=1e3 * elapsed / cfg.new_tokens,
-               state_mib=kv_bytes / 2**20)
+               state_mib=state_bytes / 2**20)
     if peak_ok:
         row["rss_growth_mib"] = (status_kib("VmHWM") - baseline_kib) / 1024
     return row
@@ -215,7 +239,7 @@ def measure_one(cfg: DecodeConfig, model_name: str, context: int) -> dict[str, A
     tokens = torch.randint(0, cfg.vocab_size, (cfg.batch, cfg.warmup + cfg.new_tokens),
                            generator=torch.Generator().manual_seed(1)).to(device)
     cuda = device.type == "cuda"
-    if model_name == HF_MODEL:
+    if model_name in HF_MODELS:
         return _measure_hf(cfg, model, context, tokens, row)
     with torch.no_grad():
         # One throwaway step from an empty cache: the first call's one-time library initialisation

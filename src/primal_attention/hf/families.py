@@ -56,6 +56,8 @@ class Family(ABC):
 
     #: ``config.model_type`` values this family handles.
     model_types: tuple[str, ...] = ()
+    #: whether the family is a decoder whose causal-LM head ``primal train`` can build (model.hf).
+    causal_lm: bool = False
     #: module and class name of the self-attention the family replaces.
     module: str = ""
     attention_class: str = ""
@@ -130,6 +132,7 @@ class GPT2Family(Family):
     """GPT-2: ``GPT2Attention`` with a fused ``c_attn`` Conv1D (x @ W, W of shape (D, 3D))."""
 
     model_types = ("gpt2",)
+    causal_lm = True
     module = "transformers.models.gpt2.modeling_gpt2"
     attention_class = "GPT2Attention"
 
@@ -150,6 +153,8 @@ class GPT2Family(Family):
 
 class _RotaryDecoderFamily(Family):
     """Llama-style decoders: q/k/v/o Linear layers, RoPE on q and k, grouped key/value heads."""
+
+    causal_lm = True
 
     def settings(self, config: PretrainedConfig, attention: nn.Module, layer: int) -> LayerSettings:
         dim, heads = _heads(config)

@@ -256,11 +256,7 @@ class CausalLM(nn.Module):
         if prompt.shape[1] + max_new_tokens > self.config.max_seq_len:
             raise ValueError(f"CausalLM.generate: prompt length {prompt.shape[1]} + {max_new_tokens} new tokens "
                              f"exceeds max_seq_len {self.config.max_seq_len}")
-        if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) \
-                or not (math.isfinite(temperature) and temperature >= 0):
-            raise ValueError(f"CausalLM.generate: temperature must be a finite number >= 0, got {temperature!r}")
-        if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k <= 0):
-            raise ValueError(f"CausalLM.generate: top_k must be an int > 0 or None, got {top_k!r}")
+        check_sampling("CausalLM.generate", temperature, top_k)
         batch, n0 = prompt.shape
         mask = None
         if lengths is not None:
@@ -281,17 +277,7 @@ class CausalLM(nn.Module):
                                               capacity=n0 + max_new_tokens)
             new = []
             for i in range(max_new_tokens):
-                if temperature == 0:
-                    token = next_logits.argmax(-1)
-                else:
-                    # Shifted so the largest logit is 0 and divided by at least the dtype's smallest
-                    # normal number: a tiny temperature sends the others to -inf, never inf - inf = NaN.
-                    shifted = next_logits - next_logits.amax(-1, keepdim=True)
-                    scaled = shifted / max(temperature, torch.finfo(shifted.dtype).tiny)
-                    if top_k is not None:
-                        kth = scaled.topk(min(top_k, scaled.shape[-1]), dim=-1).values[:, -1:]
-                        scaled = scaled.masked_fill(scaled < kth, float("-inf"))
-                    token = torch.multinomial(scaled.softmax(-1), 1, generator=generator)[:, 0]
+                token = sample_token(next_logits, temperature, top_k, generator)
                 new.append(token)
                 if i + 1 < max_new_tokens:
                     next_logits = self._next_logits(token, cache)
@@ -305,3 +291,29 @@ class CausalLM(nn.Module):
             return out
         finally:
             self.train(was)
+
+
+def check_sampling(where: str, temperature: float, top_k: int | None) -> None:
+    """One-line errors for a sampling temperature that is not a finite number >= 0, or a top_k that is
+    not a positive int (or None)."""
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) \
+            or not (math.isfinite(temperature) and temperature >= 0):
+        raise ValueError(f"{where}: temperature must be a finite number >= 0, got {temperature!r}")
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k <= 0):
+        raise ValueError(f"{where}: top_k must be an int > 0 or None, got {top_k!r}")
+
+
+def sample_token(logits: Tensor, temperature: float, top_k: int | None = None,
+                 generator: torch.Generator | None = None) -> Tensor:
+    """The next token (B,) from logits (B, V): greedy at temperature 0, else sampled from the top_k
+    (None: all) most likely at that temperature."""
+    if temperature == 0:
+        return logits.argmax(-1)
+    # Shifted so the largest logit is 0 and divided by at least the dtype's smallest normal number: a
+    # tiny temperature sends the others to -inf, never inf - inf = NaN.
+    shifted = logits - logits.amax(-1, keepdim=True)
+    scaled = shifted / max(temperature, torch.finfo(shifted.dtype).tiny)
+    if top_k is not None:
+        kth = scaled.topk(min(top_k, scaled.shape[-1]), dim=-1).values[:, -1:]
+        scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+    return torch.multinomial(scaled.softmax(-1), 1, generator=generator)[:, 0]

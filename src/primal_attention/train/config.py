@@ -63,10 +63,12 @@ class DataConfig:
 DATA_DERIVED = {"num_classes", "max_seq_len", "vocab_size", "num_features", "dual", "attention"}
 
 
-def model_section(name: str, model_config: type, doc: str, derived: frozenset[str] = frozenset()) -> type:
+def model_section(name: str, model_config: type, doc: str, derived: frozenset[str] = frozenset(),
+                  extra: tuple[tuple[str, Any, Any], ...] = ()) -> type:
     """The ``model:`` section for a model config dataclass: ``kind``, ``layers`` and an optional
     explicit ``attention`` list, then every architecture field of ``model_config`` with its own
-    default (one place holds each default), less the fields the data fixes."""
+    default (one place holds each default), less the fields the data fixes, then ``extra`` fields
+    (name, type, field) of the section itself."""
     hints = typing.get_type_hints(model_config)
     own = [
         (f.name, hints[f.name], field(default=f.default) if f.default is not dataclasses.MISSING
@@ -76,7 +78,7 @@ def model_section(name: str, model_config: type, doc: str, derived: frozenset[st
     section = dataclasses.make_dataclass(
         name,
         [("kind", Literal["transformer", "primalformer", "primal+"], field(default="primalformer")), ("layers", int, field(default=2)),
-         ("attention", list[str] | None, field(default=None)), *own],
+         ("attention", list[str] | None, field(default=None)), *own, *extra],
     )
     section.__module__, section.__doc__ = __name__, doc
     return section
@@ -97,12 +99,31 @@ the other fields and their defaults are those of :class:`primal_attention.ViTCon
 dim, num_heads, ffn_dim, attention_options, dropout, attention_dropout, drop_path, qkv_bias).
 Image size and channels come from the data.""", derived=frozenset({"image_size", "in_channels"}))
 
+@dataclass
+class HFModelConfig:
+    """``model.hf`` of ``data.family: lm``: a Hugging Face causal LM built from its config (random
+    weights, nothing downloaded) instead of this package's :class:`~primal_attention.CausalLM`.
+
+    architecture: an HF ``model_type`` that ``primal_attention.hf.primalize`` supports as a causal LM
+    (gpt2, llama, qwen2). config: further fields of that architecture's config, in HF's names (e.g.
+    ``{n_inner: 512}``, ``{rms_norm_eps: 1e-6}``). From the rest of ``model:``: ``layers``, ``dim``,
+    ``num_heads`` and ``ffn_dim`` set the HF config's layer count, width, heads and feed-forward width
+    (``config`` may not set them again), ``kind`` which layers ``primalize`` makes primal (all,
+    the last, none), and ``attention_options["primal"]`` their options; the vocabulary and context
+    come from the data. The trainer adds the KSVD term, checkpoints, resumes and runs DDP as for
+    its own models; ``primal generate`` samples from the run."""
+
+    architecture: str = "gpt2"
+    config: dict[str, Any] = field(default_factory=dict)
+
+
 LMModelConfig = model_section("LMModelConfig", CausalLMConfig, """The causal language model (``data.family: lm``).
 
 kind / layers / attention as for :class:`ModelConfig` (``primal+``: only the last layer primal, the
 paper's WikiText-103 model); the other fields and their defaults are those of
 :class:`primal_attention.CausalLMConfig` (dim, num_heads, ffn_dim, attention_options, dropout).
-Vocabulary and context come from the data.""")
+Vocabulary and context come from the data. ``hf`` (:class:`HFModelConfig`): train a Hugging Face
+architecture instead.""", extra=(("hf", HFModelConfig | None, field(default=None)),))
 
 RLModelConfig = model_section("RLModelConfig", DecisionTransformerConfig, """The Decision Transformer (``data.family: rl``).
 

@@ -7,6 +7,8 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from torch import nn
+
 from primal_attention.models.lm import CausalLM, CausalLMConfig
 from primal_attention.train.config import ConfigError, DataConfig, ExperimentConfig, LMModelConfig
 from primal_attention.train.families.base import Family, Splits, architecture, attention_pattern, register_family
@@ -49,6 +51,25 @@ class LMFamily(Family):
         if d.max_examples is not None or d.max_test_examples is not None:
             raise ConfigError("data.max_examples does not apply to data.family lm; cap the streams with data.options.max_tokens")
         lm_options(d)
+        if cfg.model.hf is not None:
+            self._check_hf(cfg)
+
+    @staticmethod
+    def _check_hf(cfg: ExperimentConfig) -> None:
+        m = cfg.model
+        try:
+            from primal_attention.hf.lm import KIND_LAYERS, causal_model_types
+        except ImportError:
+            raise ConfigError("model.hf needs the hf extra: pip install 'primal-attention[hf]'") from None
+        if m.hf.architecture not in causal_model_types():
+            raise ConfigError(f"model.hf.architecture must be one of {', '.join(causal_model_types())}, "
+                              f"got {m.hf.architecture!r}")
+        if m.attention is not None or m.kind not in KIND_LAYERS:
+            raise ConfigError("model.hf: the primal layers follow model.kind (primalformer: all, primal+: the last, "
+                              "transformer: none); a per-layer model.attention list does not apply")
+        unused = sorted(set(m.attention_options) - {"primal"})
+        if unused:
+            raise ConfigError(f"model.attention_options: only 'primal' applies with model.hf, got {', '.join(unused)}")
 
     def load(self, cfg: ExperimentConfig) -> Splits:
         """Validation and test are held-out works (or files), not a split of TRAIN; validation is used
@@ -63,9 +84,21 @@ class LMFamily(Family):
             train, val, test = (lm.load_lm_files(d.data_dir, s, **kw) for s in ("train", "val", "test"))
         return Splits(train, val if cfg.train.protocol == "holdout" else None, test)
 
-    def build_model(self, cfg: ExperimentConfig, data: Any) -> CausalLM:
-        return CausalLM(CausalLMConfig(vocab_size=data.vocab_size, max_seq_len=data.block_len,
-                                       attention=attention_pattern(cfg), **architecture(cfg.model)))
+    def build_model(self, cfg: ExperimentConfig, data: Any) -> nn.Module:
+        fields = architecture(cfg.model)
+        spec = fields.pop("hf")
+        if spec is None:
+            return CausalLM(CausalLMConfig(vocab_size=data.vocab_size, max_seq_len=data.block_len,
+                                           attention=attention_pattern(cfg), **fields))
+        from primal_attention.hf.lm import build_hf_lm
+
+        m = cfg.model
+        try:
+            return build_hf_lm(spec["architecture"], spec["config"], kind=m.kind, layers=m.layers, dim=m.dim,
+                               num_heads=m.num_heads, ffn_dim=m.ffn_dim, vocab_size=data.vocab_size,
+                               max_seq_len=data.block_len, primal_options=dict(m.attention_options.get("primal", {})))
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
 
     def stand_in(self, cfg: ExperimentConfig) -> Any:
         return SimpleNamespace(vocab_size=lm_options(cfg.data)["vocab_size"], block_len=cfg.data.seq_len)
