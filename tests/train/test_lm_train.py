@@ -282,3 +282,14 @@ def test_an_hf_architecture_trains_under_ddp(tmp_path, text_dir, env) -> None:
     name = "model.transformer.h.1.attn.primal.lam"
     assert not torch.equal(load_file(str(ckpts[0] / "model.safetensors"))[name],
                            load_file(str(ckpts[-1] / "model.safetensors"))[name])  # Λ trains: only KSVD moves it
+
+
+def test_ddp_without_the_ksvd_term_trains(tmp_path, text_dir, env) -> None:
+    """η = 0: Λ (only in the KSVD term) gets no gradient, which DDP is told of instead of failing at step 2."""
+    args = tiny(text_dir, "train.steps=3", "train.eval_every=3", "model.kind=primal+", "train.eta=0")
+    ddp = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+         "-m", "primal_attention.cli", "train", str(CONFIG), "--out", str(tmp_path / "two"), *args],
+        capture_output=True, text=True, timeout=600, env={**os.environ, **env, "OMP_NUM_THREADS": "1"})
+    assert ddp.returncode == 0, ddp.stderr[-3000:]
+    assert json.loads((tmp_path / "two" / "seed_0" / "metrics.json").read_text())["steps"] == 3

@@ -289,7 +289,9 @@ class Trainer:
         model = build_model(cfg, splits.train).to(self.device)
         net: nn.Module = model
         if self.world > 1:
-            net = nn.parallel.DistributedDataParallel(model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
+            # Λ enters only the KSVD term: with η = 0 it gets no gradient, which DDP must be told of
+            net = nn.parallel.DistributedDataParallel(model, device_ids=[self.device.index] if self.device.type == "cuda" else None,
+                                                      find_unused_parameters=t.eta == 0)
         optimizer = make_optimizer(cfg, model)
         steps_per_epoch = math.ceil(len(splits.train) / t.batch_size)
         total = t.steps if t.steps is not None else t.epochs * steps_per_epoch
