@@ -152,6 +152,58 @@ def _mib(b: float) -> str:
     return f"{b / 2**20:.2f}"
 
 
+def _span(rows: list[dict[str, Any]], key: str, scale: float = 1.0, fmt: str = "{:.1f}") -> str:
+    values = [r[key] * scale for r in rows]
+    low, high = fmt.format(min(values)), fmt.format(max(values))
+    return low if low == high else f"{low}–{high}"
+
+
+def _findings(rows: list[dict[str, Any]]) -> list[str]:
+    """The page's notes, their figures read from ``rows``."""
+    def pick(model: str, setting: str, batch: int = 1) -> list[dict[str, Any]]:
+        return sorted((r for r in rows if r["model"] == model and r["setting"] == setting and r.get("batch", 1) == batch),
+                      key=lambda r: r["context"])
+
+    out = []
+    ours = pick("ours", "all-primal")
+    if ours:
+        contexts = " / ".join(f"{r['context'] // 1024}K" for r in ours)
+        out.append(f"- **All-primal, our CausalLM** ({contexts}): peak {_span(ours, 'peak_mib')} MiB whatever the "
+                   f"context (the prompt prefilled in chunks of {CHUNK}); after decoding, the cache's states are "
+                   f"{_span(ours, 'cache_bytes', 1, '{:,.0f}')} bytes and its decoding constants (weight copies in the "
+                   f"layout a one-token step reads fastest) {_span(ours, 'plan_bytes', 2**-20, '{:.2f}')} MiB, at every "
+                   f"context; the modules hold nothing (held by modules "
+                   f"{_span(ours, 'held_by_modules_bytes', 1, '{:,.0f}')} bytes) and dropping the cache returns the memory "
+                   f"(retained {_span(ours, 'retained_mib')} MiB: allocator and library state). Softmax's peak and "
+                   "cache grow with N (its key / value buffers and the chunk's attention scores); Primal.+Trans. keeps "
+                   "the key / value buffers of its softmax layers.")
+    hf = pick("gpt2", "all-primal")
+    if hf:
+        out.append(f"- **All-primal, HF GPT-2-small shape**: the cache `generate` returns holds "
+                   f"{_span(hf, 'cache_bytes', 1, '{:,.0f}')} bytes (the running sums of 12 layers) at every context, "
+                   f"and peak memory stays {_span(hf, 'peak_mib')} MiB from {hf[0]['context']:,} to "
+                   f"{hf[-1]['context']:,} tokens. In a model whose layers are all primal, each primal cache slot "
+                   "reports mask sizes covering only the new tokens, so HF builds each step's and each chunk's mask in "
+                   "O(chunk), not over all N positions (before that change, measured the same way: peak 74 / 78 / 90 / "
+                   "214 MiB and 11.3 / 7.3 / 5.4 / 5.1 tokens/s at 1K / 4K / 16K / 64K). With a softmax layer beside, "
+                   "the mask covers every position, as that layer needs.")
+    eight = pick("gpt2", "all-primal", 8)
+    if eight:
+        soft8 = {r["context"]: r for r in pick("gpt2", "softmax", 8)}
+        ratios = [f"{r['decode_tokens_per_s'] / soft8[r['context']]['decode_tokens_per_s']:.1f}× at "
+                  f"{r['context'] // 1024}K" for r in eight if r["context"] in soft8]
+        out.append("- **Batch 8, HF GPT-2-small shape**: all-primal decodes "
+                   + (", ".join(ratios) + " softmax's tokens/s" if ratios else "")
+                   + f" with a cache of {_span(eight, 'cache_bytes', 1, '{:,.0f}')} bytes; softmax's cache at 8 × 4K "
+                   "tokens is already " + (f"{soft8[4096]['cache_bytes'] / 2**20:,.0f} MiB" if 4096 in soft8 else "–")
+                   + ".")
+    out += ["- Not run: GPT-2-small-shape softmax and Primal.+ at 65,536 tokens (batch 1) and at 16,384 tokens "
+            "(batch 8). Their key / value cache alone would be 4.5 GiB and 9 GiB (12 layers × 2 × 768 × 4 B per token), "
+            "and their prefill, about 200 s at 16,384 tokens of batch 1 here and quadratic in N, an estimated "
+            "50 minutes and 30 minutes per case on one thread."]
+    return out
+
+
 def render(rows: list[dict[str, Any]], command: str) -> str:
     """The markdown table of ``rows``."""
     lines = ["# Decoding memory: prefill + generate", "",
@@ -175,23 +227,7 @@ def render(rows: list[dict[str, Any]], command: str) -> str:
                      f"{r['setting']} | {r.get('batch', 1)} | {r['context']} | {r['peak_mib']:.1f} | {r['retained_mib']:.1f} | {_mib(held)} | "
                      f"{_mib(r['plan_bytes']) if r['model'] == 'ours' else '–'} | {r['prefill_s']:.1f} | "
                      f"{r['decode_tokens_per_s']:.1f} |")
-    lines += ["", "What the table shows:", "",
-              "- **All-primal, our CausalLM**: peak memory flat in the context (the same MiB from 1K to 64K tokens, with "
-              f"the prompt prefilled in chunks of {CHUNK}); nothing is held after `generate` returns (held 0); the decode "
-              "plan exists only while decoding. Softmax's peak grows with N (its KV cache and the chunk's attention "
-              "scores); Primal.+Trans. keeps the KV cache of its softmax layers.",
-              "- **All-primal, HF GPT-2-small shape**: the cache `generate` returns holds 73,776 bytes (the running sums "
-              "of 12 layers) at every context. In a model whose layers are all primal, each primal cache slot reports "
-              "mask sizes covering only the new tokens, so HF builds each step's and each chunk's mask in O(chunk), not "
-              "over all N positions: peak memory is flat in N and tokens/s no longer fall with it (they vary with the "
-              "machine's load here; before that change, measured the same way: peak 74 / 78 / 90 / 214 MiB and "
-              "11.3 / 7.3 / 5.4 / 5.1 tokens/s at 1K / 4K / 16K / 64K). With a "
-              "softmax layer beside, the mask covers every position, as that layer needs.",
-              "- **retained** is about 1 MiB in every case of our model, softmax included: allocator and library state, "
-              "not the context (held, which counts tensors, is 0).",
-              "- Not run: GPT-2-small-shape softmax and Primal.+ at 65,536 tokens. Their KV cache alone would be 4.5 GiB "
-              "(12 layers × 2 × 768 × 4 B per token), and their prefill, 195 s at 16,384 here and quadratic in N, "
-              "an estimated 50 minutes per case on one thread."]
+    lines += ["", "What the table shows:", "", *_findings(rows)]
     return "\n".join(lines) + "\n"
 
 

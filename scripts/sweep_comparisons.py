@@ -156,7 +156,7 @@ def collected_behaviour() -> dict[str, float]:
 
 def selection_metric(comparison: str) -> str:
     """The metric the comparison's task selects on (accuracy, or the LM's loss)."""
-    from primal_attention.train.config import load_config
+    from primal_attention.train.load import load_config
     from primal_attention.train.families import get_family
 
     cfg = load_config(ROOT / "configs" / f"{COMPARISONS[comparison][0]}.yaml", OVERRIDES.get(comparison, []))

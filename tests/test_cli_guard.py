@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from primal_attention.cli import main
-from primal_attention.train.config import load_config
+from primal_attention.train.load import load_config
 from primal_attention.train.trainer import run_seeds
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -99,7 +99,8 @@ def _train(args: argparse.Namespace) -> int:
 
     from primal_attention.data.base import DataError
     from primal_attention.train.checkpoint import CheckpointError
-    from primal_attention.train.config import ConfigError, load_config
+    from primal_attention.train.config import ConfigError
+    from primal_attention.train.load import load_config
     from primal_attention.train.trainer import Interrupted, RunError, run_seeds
 
     terminated = []
@@ -174,7 +175,8 @@ def _sweep(args: argparse.Namespace) -> int:
 
 def _baselines(args: argparse.Namespace) -> int:
     from primal_attention.data.base import DataError
-    from primal_attention.train.config import ConfigError, load_config
+    from primal_attention.train.config import ConfigError
+    from primal_attention.train.load import load_config
     from primal_attention.train.trivial import trivial_baselines
 
     try:

@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 from primal_attention import PrimalAttention
 from primal_attention.cli import main
 from primal_attention.convert import ConvertError, ConvertOptions, convert_hf, convert_run, resolve_layers
-from primal_attention.train.config import load_config
+from primal_attention.train.load import load_config
 from primal_attention.train.run import load_lm_run, load_run
 from primal_attention.train.tasks import LANGUAGE_MODEL, evaluate
 from primal_attention.train.trainer import run_seeds

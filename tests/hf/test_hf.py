@@ -122,7 +122,7 @@ def test_primalize_replaces_chosen_layers_with_config_settings(name):
     assert built["rank"] == 4 and built["sampling"] == "valid" and built["dropout"] == primal.dropout
     assert built["impl"] == "fast" and built["positive_lambda"] is False
     # the other layer keeps HF's softmax attention
-    family = hf.FAMILIES[name]
+    family = hf.ARCHITECTURES[name]
     assert sum(family.is_self_attention(m) for m in model.modules()) == 1
 
 
@@ -144,7 +144,7 @@ def _original_projections(name: str, attn, x: torch.Tensor):
 def test_from_softmax_copies_query_key_and_output_projections(name):
     torch.manual_seed(0)
     model = BUILD[name]()
-    family = hf.FAMILIES[name]
+    family = hf.ARCHITECTURES[name]
     original = [m for m in model.modules() if family.is_self_attention(m)][-1]
     x = torch.randn(2, 5, 32)
     with torch.no_grad():

@@ -113,3 +113,13 @@ def test_a_text_generation_pipeline_runs_the_primal_model(tmp_path):
     with torch.no_grad():
         expected = model.generate(torch.tensor([tokenizer(prompt)["input_ids"]]), max_new_tokens=4, do_sample=False)[0]
     assert list(out) == expected.tolist()
+
+
+def test_a_loaded_primal_model_pickles(tmp_path):
+    import pickle
+
+    build("gpt2", double=True).save_pretrained(tmp_path)
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path)
+    again = pickle.loads(pickle.dumps(loaded))
+    assert type(again) is type(loaded) and type(again.config) is type(loaded.config)
+    assert torch.equal(_logits(again, tokens(1, 5)), _logits(loaded, tokens(1, 5)))

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from primal_attention.train.config import ConfigError, config_from_dict, dump_config, load_config
+from primal_attention.train.config import ConfigError, dump_config
+from primal_attention.train.load import config_from_dict, load_config
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 

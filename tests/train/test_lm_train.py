@@ -200,7 +200,7 @@ def test_an_empty_split_file_is_named_with_its_split(tmp_path, text_dir, monkeyp
 
 def test_generate_input_errors_are_one_line(tmp_path, text_dir, monkeypatch, capsys) -> None:
     from primal_attention.cli import main
-    from primal_attention.train.config import load_config
+    from primal_attention.train.load import load_config
     from primal_attention.train.trainer import run_seeds
 
     monkeypatch.setenv("PRIMAL_ATTENTION_CACHE", str(tmp_path / "cache"))

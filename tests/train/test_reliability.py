@@ -17,7 +17,7 @@ import torch
 from primal_attention.cli import main
 from primal_attention.train import checkpoint
 from primal_attention.train.checkpoint import CheckpointError
-from primal_attention.train.config import load_config
+from primal_attention.train.load import load_config
 from primal_attention.train.trainer import RunError, Trainer, check_resumable, run_seeds
 from test_trainer import CONFIG, TINY, cli, sets
 

@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 
 from primal_attention.train import load_config
 from primal_attention.train.checkpoint import latest_checkpoint, load_checkpoint
-from primal_attention.train.config import config_from_dict
+from primal_attention.train.load import config_from_dict
 from primal_attention.train.trainer import Trainer, make_scheduler
 
 TINY = [

@@ -284,12 +284,12 @@ class HFSubject(Subject):
                  source: str = "model object") -> None:
         from transformers import PreTrainedModel
 
-        from primal_attention.hf.families import family_of
+        from primal_attention.hf.architectures import architecture_of
 
         if not isinstance(model, PreTrainedModel):
             raise ConvertError(f"expected a transformers PreTrainedModel, got {type(model).__name__}")
         try:
-            self.family = family_of(model.config)
+            self.architecture = architecture_of(model.config)
         except ValueError as err:
             raise ConvertError(str(err).removeprefix("primalize: ")) from None
         modules = self.attention_modules(model)
@@ -297,7 +297,7 @@ class HFSubject(Subject):
             raise ConvertError(f"{type(model).__name__} has no self-attention layers that primalize knows")
         first = next(m for m in modules)
         causal = self.is_primal(first) and first.primal.causal or (
-            not self.is_primal(first) and self.family.settings(model.config, first, 0).causal)
+            not self.is_primal(first) and self.architecture.settings(model.config, first, 0).causal)
         if not causal or not hasattr(model, "get_output_embeddings") or model.get_output_embeddings() is None:
             raise ConvertError(f"{type(model).__name__} ({model.config.model_type}) is not a causal language model; "
                                "convert --hf trains on next-token prediction and needs a decoder with an LM head "
@@ -320,7 +320,7 @@ class HFSubject(Subject):
     def attention_modules(self, model: nn.Module) -> list[nn.Module]:
         from primal_attention.hf.attention import PrimalSelfAttention
 
-        return [m for m in model.modules() if isinstance(m, PrimalSelfAttention) or self.family.is_self_attention(m)]
+        return [m for m in model.modules() if isinstance(m, PrimalSelfAttention) or self.architecture.is_self_attention(m)]
 
     def is_primal(self, module: nn.Module) -> bool:
         from primal_attention.hf.attention import PrimalSelfAttention
@@ -328,7 +328,7 @@ class HFSubject(Subject):
         return isinstance(module, PrimalSelfAttention)
 
     def is_softmax(self, module: nn.Module) -> bool:
-        return self.family.is_self_attention(module)
+        return self.architecture.is_self_attention(module)
 
     def convert(self, layers: list[int], options: dict[str, Any]) -> nn.Module:
         from primal_attention.hf import primalize

@@ -14,18 +14,18 @@ try:
 except ImportError as error:  # pragma: no cover - exercised only without the extra
     raise ImportError("primal_attention.hf needs transformers: pip install 'primal-attention[hf]'") from error
 
+from primal_attention.hf.architectures import ARCHITECTURES, Architecture, register_architecture, supported_model_types
 from primal_attention.hf.attention import PrimalSelfAttention, padding_mask
 from primal_attention.hf.auto import register_auto_classes
 from primal_attention.hf.cache import PrimalCacheLayer, cache_nbytes
-from primal_attention.hf.families import FAMILIES, Family, register_family, supported_model_types
 from primal_attention.hf.primalize import PEFT_MODULES_TO_SAVE, from_pretrained, primal_settings, primalize
 from primal_attention.hf.trainer import KSVDLossFunc, PrimalTrainer
 
 register_auto_classes()
 
 __all__ = [
-    "FAMILIES",
-    "Family",
+    "ARCHITECTURES",
+    "Architecture",
     "KSVDLossFunc",
     "PEFT_MODULES_TO_SAVE",
     "PrimalCacheLayer",
@@ -36,6 +36,6 @@ __all__ = [
     "padding_mask",
     "primal_settings",
     "primalize",
-    "register_family",
+    "register_architecture",
     "supported_model_types",
 ]

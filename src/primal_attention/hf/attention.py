@@ -17,7 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from primal_attention.hf.cache import primal_cache_layer
-from primal_attention.hf.families import RotaryFn
+from primal_attention.hf.architectures import RotaryFn
 from primal_attention.layers.primal import PrimalAttention, PrimalState, QKTransform
 
 

@@ -19,52 +19,30 @@ from typing import Any
 from transformers import CONFIG_MAPPING, AutoConfig, PretrainedConfig, PreTrainedModel
 from transformers.models.auto import modeling_auto
 
-from primal_attention.hf.families import FAMILIES, PRIMAL_TYPE_PREFIX
+from primal_attention.hf.architectures import ARCHITECTURES
+from primal_attention.hf.primal_config import primal_config_class
+from primal_attention.hf.primalize import replay_records
 
-#: what a saved primal config.json holds under ``attn_implementation`` (no attention function has this
-#: name, so a non-primal class refuses to build from it).
-ATTN_MARKER = "primal_attention"
-
-_PRIMAL_CONFIGS: dict[type[PretrainedConfig], type[PretrainedConfig]] = {}
-
-
-def primal_config_class(base: type[PretrainedConfig]) -> type[PretrainedConfig]:
-    """The primal variant of an architecture's config class (made once, then the same class)."""
-    if base.model_type.startswith(PRIMAL_TYPE_PREFIX):
-        return base
-    found = _PRIMAL_CONFIGS.get(base)
-    if found is not None:
-        return found
-
-    def __init__(self: PretrainedConfig, *args: Any, **kwargs: Any) -> None:
-        if kwargs.get("attn_implementation") == ATTN_MARKER:
-            kwargs.pop("attn_implementation")  # the marker, not an implementation: the default one serves
-        base.__init__(self, *args, **kwargs)
-
-    def to_dict(self: PretrainedConfig) -> dict[str, Any]:
-        out = base.to_dict(self)
-        out["attn_implementation"] = ATTN_MARKER
-        return out
-
-    cls = type(f"Primal{base.__name__}", (base,), {
-        "model_type": PRIMAL_TYPE_PREFIX + base.model_type, "__init__": __init__, "to_dict": to_dict,
-        "__module__": __name__, "__doc__": f"{base.__name__} of a model with primal layers (its record in "
-                                         "``primal_attention``); every field is the base config's."})
-    _PRIMAL_CONFIGS[base] = cls
-    return cls
+_PRIMAL_MODELS: dict[type[PreTrainedModel], type[PreTrainedModel]] = {}
 
 
 def primal_model_class(base: type[PreTrainedModel], config_class: type[PretrainedConfig]) -> type[PreTrainedModel]:
-    """``base`` whose constructor replays the config's primalize record after building the model."""
-    from primal_attention.hf.primalize import replay_records
+    """``base`` whose constructor replays the config's primalize record after building the model (made
+    once per base class: several Auto classes map to the same one)."""
+    found = _PRIMAL_MODELS.get(base)
+    if found is not None:
+        return found
 
     def __init__(self: PreTrainedModel, config: PretrainedConfig, *args: Any, **kwargs: Any) -> None:
         base.__init__(self, config, *args, **kwargs)
         replay_records(self)
 
-    return type(f"Primal{base.__name__}", (base,), {
+    cls = type(f"Primal{base.__name__}", (base,), {
         "config_class": config_class, "__init__": __init__, "__module__": __name__,
         "__doc__": f"{base.__name__} with the primal layers its config records."})
+    _PRIMAL_MODELS[base] = cls
+    globals()[cls.__name__] = cls  # pickle finds it by module and name
+    return cls
 
 
 def _auto_classes() -> list[Any]:
@@ -75,8 +53,8 @@ def _auto_classes() -> list[Any]:
 def register_auto_classes() -> None:
     """Register every supported architecture's primal config and model classes with HF's Auto classes."""
     autos = _auto_classes()
-    for family in FAMILIES.values():
-        for model_type in family.model_types:
+    for architecture in ARCHITECTURES.values():
+        for model_type in architecture.model_types:
             base_config = CONFIG_MAPPING[model_type]
             primal = primal_config_class(base_config)
             if primal.model_type in CONFIG_MAPPING:
@@ -85,8 +63,3 @@ def register_auto_classes() -> None:
             for auto in autos:
                 if base_config in auto._model_mapping:
                     auto.register(primal, primal_model_class(auto._model_mapping[base_config], primal))
-
-
-def mark_primal(config: PretrainedConfig) -> None:
-    """Make ``config`` (in place) the primal variant of its class, so that it saves as one."""
-    config.__class__ = primal_config_class(type(config))

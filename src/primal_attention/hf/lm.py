@@ -15,7 +15,7 @@ import torch
 from torch import Tensor, nn
 from transformers import CONFIG_MAPPING, AutoConfig, AutoModelForCausalLM, DynamicCache, PreTrainedModel
 
-from primal_attention.hf.families import FAMILIES
+from primal_attention.hf.architectures import ARCHITECTURES
 from primal_attention.hf.primalize import primalize
 from primal_attention.models.lm import check_sampling, sample_token
 
@@ -28,7 +28,7 @@ KIND_LAYERS: dict[str, str | list[int] | None] = {"primalformer": "all", "primal
 
 def causal_model_types() -> list[str]:
     """The HF model types :func:`build_hf_lm` builds: the supported families with causal attention."""
-    return sorted(t for name, family in FAMILIES.items() if getattr(family, "causal_lm", False) for t in family.model_types)
+    return sorted(t for a in ARCHITECTURES.values() if a.causal_lm for t in a.model_types)
 
 
 @dataclass(frozen=True)

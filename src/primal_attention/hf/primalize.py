@@ -13,8 +13,8 @@ from torch import nn
 from transformers import AutoConfig, PreTrainedModel
 
 from primal_attention.hf.attention import OUTPUT_ATTENTIONS_ERROR, PrimalSelfAttention
-from primal_attention.hf.auto import mark_primal
-from primal_attention.hf.families import Family, copy_projections, family_of
+from primal_attention.hf.architectures import Architecture, architecture_of, copy_projections
+from primal_attention.hf.primal_config import mark_primal
 from primal_attention.layers.primal import PrimalAttention, is_collected
 
 #: the config attribute (and config.json key) that records every primalize call of a model.
@@ -30,10 +30,10 @@ _FIXED = ("embed_dim", "num_heads", "causal")
 M = TypeVar("M", bound=PreTrainedModel)
 
 
-def _attention_slots(model: nn.Module, family: Family) -> list[tuple[str, nn.Module]]:
+def _attention_slots(model: nn.Module, architecture: Architecture) -> list[tuple[str, nn.Module]]:
     """(qualified name, module) of every layer's self-attention, in layer order (primal or not)."""
     return [(name, m) for name, m in model.named_modules()
-            if isinstance(m, PrimalSelfAttention) or family.is_self_attention(m)]
+            if isinstance(m, PrimalSelfAttention) or architecture.is_self_attention(m)]
 
 
 def _resolve_layers(layers: str | int | Sequence[int], count: int) -> list[int]:
@@ -130,7 +130,7 @@ def primalize(
         primal_options: :class:`~primal_attention.PrimalAttention` keyword options (``rank``,
             ``rank_multi``, ``num_samples``, ``sampling``, ``positive_lambda``, ``impl``, ``bias``,
             ``dropout``, ``max_seq_len``). Width, heads and causality come from the config; decoders get
-            the causal family. Defaults: dropout (the config's attention dropout), bias (the query
+            the causal variant. Defaults: dropout (the config's attention dropout), bias (the query
             projection's), ``sampling="valid"`` (padding never enters the sampled tokens of encoders
             nor the KSVD terms) and, for encoders, ``max_seq_len`` from the config.
         decode_plan: decoders only: keep each primal layer's fused step constants (4·D² numbers per
@@ -159,8 +159,8 @@ def primalize(
         raise ValueError(f"primalize: unknown option{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}; expected "
                          f"one of {', '.join(allowed)}")
     config = model.config
-    family = family_of(config)
-    slots = _attention_slots(model, family)
+    architecture = architecture_of(config)
+    slots = _attention_slots(model, architecture)
     count = int(config.num_hidden_layers)
     if len(slots) != count:
         raise ValueError(f"primalize: found {len(slots)} self-attention modules for num_hidden_layers={count}")
@@ -173,7 +173,7 @@ def primalize(
     resolved: dict[str, dict[str, Any]] = {}
     for i in chosen:
         name, old = slots[i]
-        settings = family.settings(config, old, i)
+        settings = architecture.settings(config, old, i)
         options = {**settings.defaults, **primal_options}
         if settings.rotary is not None and options.get("impl") == "reference":
             raise ValueError("primalize: impl='reference' has no qk_transform, and this model applies RoPE; "
@@ -183,7 +183,7 @@ def primalize(
         weight = next(old.parameters())
         primal.to(device=weight.device, dtype=weight.dtype)
         if init == "from_softmax":
-            copy_projections(family.projections(old, config), primal)
+            copy_projections(architecture.projections(old, config), primal)
         layer_idx = getattr(old, "layer_idx", None)
         wrapper = PrimalSelfAttention(primal, layer_idx=i if layer_idx is None else int(layer_idx),
                                       rotary=settings.rotary, resid_dropout=settings.resid_dropout,
@@ -192,7 +192,7 @@ def primalize(
         parent_name, _, attr = name.rpartition(".")
         setattr(model.get_submodule(parent_name), attr, wrapper)
 
-    wrappers = [m for _, m in _attention_slots(model, family) if isinstance(m, PrimalSelfAttention)]
+    wrappers = [m for _, m in _attention_slots(model, architecture) if isinstance(m, PrimalSelfAttention)]
     for wrapper in wrappers:
         wrapper.model_all_primal = len(wrappers) == count
     records = _live_records(list(getattr(config, CONFIG_KEY, None) or []), already)
@@ -317,10 +317,10 @@ def from_pretrained(model_class: type[M], path: str | Path, *, dtype: torch.dtyp
     if not records:
         raise ValueError(f"from_pretrained: {path} holds no primal model (no '{CONFIG_KEY}' in config.json); "
                          "load it with the model class's own from_pretrained")
-    family_config_class = getattr(model_class, "config_class", None)
-    if family_config_class is not None and not isinstance(config, family_config_class):
+    architecture_config_class = getattr(model_class, "config_class", None)
+    if architecture_config_class is not None and not isinstance(config, architecture_config_class):
         raise TypeError(f"from_pretrained: {path} holds a {type(config).__name__} model, not one of "
-                        f"{model_class.__name__} ({family_config_class.__name__})")
+                        f"{model_class.__name__} ({architecture_config_class.__name__})")
     _check_records(records, f"from_pretrained: {path}/config.json")
     state = _load_weights(path)
     saved = next((t.dtype for t in state.values() if t.is_floating_point()), None)

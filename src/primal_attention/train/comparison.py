@@ -85,7 +85,7 @@ def baselines_for(config: Path, seeds: Sequence[int], cache: Path, overrides: Se
     if stored.get("overrides") != list(overrides) or stored.get("version") != BASELINES_VERSION:
         stored = {}
     known = stored.get("seeds", [])
-    from primal_attention.train.config import load_config
+    from primal_attention.train.load import load_config
     from primal_attention.provenance import shown_path
     from primal_attention.train.trivial import trivial_baselines
 

@@ -12,9 +12,9 @@ from torch import nn
 from primal_attention.data.base import Batch
 from primal_attention.train.config import ConfigError, ExperimentConfig
 from primal_attention.train.families import Splits, get_family
-from primal_attention.train.families.base import architecture, attention_pattern
+from primal_attention.train.families.base import attention_pattern, model_fields
 
-__all__ = ["Splits", "architecture", "attention_pattern", "build_model", "build_splits", "check_buildable", "train_batch"]
+__all__ = ["Splits", "attention_pattern", "build_model", "build_splits", "check_buildable", "model_fields", "train_batch"]
 
 
 def build_splits(cfg: ExperimentConfig) -> Splits:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from primal_attention.provenance import shown_path
-from primal_attention.train.config import load_config
+from primal_attention.train.load import load_config
 from primal_attention.train.trainer import run_seeds
 
 

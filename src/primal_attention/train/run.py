@@ -14,7 +14,8 @@ import torch
 from torch import nn
 
 from primal_attention.train.checkpoint import CheckpointError, find_run, load_run_weights
-from primal_attention.train.config import ExperimentConfig, load_config
+from primal_attention.train.config import ExperimentConfig
+from primal_attention.train.load import load_config
 from primal_attention.train.data import Splits, build_model, build_splits
 from primal_attention.train.families import get_family
 from primal_attention.train.trainer import check_trained_config, resolve_device

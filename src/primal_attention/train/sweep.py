@@ -42,7 +42,8 @@ from typing import Any
 import yaml
 
 from primal_attention.provenance import shown_path
-from primal_attention.train.config import ConfigError, load_config
+from primal_attention.train.config import ConfigError
+from primal_attention.train.load import load_config
 from primal_attention.train.data import check_buildable
 from primal_attention.train.experiments import run_stored
 from primal_attention.train.stats import mean_std

@@ -41,7 +41,8 @@ from primal_attention.train.checkpoint import (
     save_checkpoint,
     state_tensors,
 )
-from primal_attention.train.config import ConfigError, ExperimentConfig, config_to_dict, dump_config, load_config
+from primal_attention.train.config import ConfigError, ExperimentConfig, config_to_dict, dump_config
+from primal_attention.train.load import load_config
 from primal_attention.train.data import Splits, build_model, build_splits, train_batch
 from primal_attention.train.stats import mean_std
 from primal_attention.train.families import get_family

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 
+from primal_attention.train.config import ConfigError
 from primal_attention.train.families.base import Family, Splits, register_family, registered
 
 __all__ = ["BUILTIN", "Family", "Splits", "family_names", "get_family", "register_family"]
@@ -37,7 +38,5 @@ def get_family(name: str) -> Family:
         importlib.import_module(BUILTIN[name])
     family = registered().get(name)
     if family is None:
-        from primal_attention.train.config import ConfigError
-
         raise ConfigError(f"data.family must be one of {', '.join(family_names())}, got {name!r}")
     return family

@@ -5,17 +5,16 @@ from __future__ import annotations
 import dataclasses
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
+from collections.abc import Callable
+from typing import Any, ClassVar, NamedTuple
 
 import torch
 from torch import nn
 
 from primal_attention.data.base import Batch
 from primal_attention.models.transformer import hybrid_pattern
+from primal_attention.train.config import ConfigError, ExperimentConfig
 from primal_attention.train.tasks import Task
-
-if TYPE_CHECKING:
-    from primal_attention.train.config import ExperimentConfig
 
 
 class Splits(NamedTuple):
@@ -26,26 +25,36 @@ class Splits(NamedTuple):
     test: Any
 
 
-_REGISTRY: dict[str, "Family"] = {}
+_REGISTRY: dict[str, Family] = {}
 
 
-def register_family(family: "Family") -> "Family":
-    """Make ``family`` available to configs as ``data.family: <family.name>``."""
-    if family.name in _REGISTRY and type(_REGISTRY[family.name]) is not type(family):
-        raise ValueError(f"data family {family.name!r} is already registered to {type(_REGISTRY[family.name]).__name__}")
-    _REGISTRY[family.name] = family
-    return family
+def register_family(name: str) -> Callable[[type[Family]], type[Family]]:
+    """Class decorator: make the family available to configs as ``data.family: <name>`` (one instance
+    of the class, its :attr:`~Family.name` set to ``name``), as ``register_attention`` and
+    ``hf.register_architecture`` do for attention kinds and HF architectures."""
+
+    def add(cls: type[Family]) -> type[Family]:
+        if name in _REGISTRY and type(_REGISTRY[name]) is not cls:
+            raise ValueError(f"data family {name!r} is already registered to {type(_REGISTRY[name]).__name__}")
+        family = cls()
+        family.name = name
+        _REGISTRY[name] = family
+        return cls
+
+    return add
 
 
-def registered() -> dict[str, "Family"]:
+def registered() -> dict[str, Family]:
     return _REGISTRY
 
 
 class Family(ABC):
-    """One kind of experiment. Subclasses set :attr:`name`, :attr:`model_section` and :attr:`task`, and
-    implement :meth:`load`, :meth:`build_model` and :meth:`stand_in`; the rest has defaults."""
+    """One kind of experiment. Subclasses set :attr:`model_section` and :attr:`task`, implement
+    :meth:`load`, :meth:`build_model` and :meth:`stand_in` (the rest has defaults), and are registered
+    with ``@register_family(name)``, which sets :attr:`name`."""
 
-    name: str
+    #: the ``data.family`` the family is registered as.
+    name: str = ""
     #: the dataclass of the config's ``model:`` section.
     model_section: ClassVar[type]
     task: ClassVar[Task]
@@ -84,8 +93,6 @@ class Family(ABC):
 
 def attention_pattern(cfg: ExperimentConfig) -> list[str]:
     """The per-layer attention names of ``cfg.model``: its explicit ``attention`` list or its kind."""
-    from primal_attention.train.config import ConfigError
-
     m = cfg.model
     if m.attention is not None:
         if len(m.attention) != m.layers:
@@ -94,7 +101,7 @@ def attention_pattern(cfg: ExperimentConfig) -> list[str]:
     return hybrid_pattern(m.layers, m.kind)
 
 
-def architecture(section: Any) -> dict[str, Any]:
+def model_fields(section: Any) -> dict[str, Any]:
     """The model-config fields of a ``model:`` section (everything but kind, layers, attention)."""
     values = dataclasses.asdict(section)
     for key in ("kind", "layers", "attention"):
@@ -113,8 +120,6 @@ def check_loader_options(options: dict[str, Any], loader: Any, family: str, *, s
                      | set(extra))
     unknown = sorted(set(options) - set(allowed))
     if unknown:
-        from primal_attention.train.config import ConfigError
-
-        raise ConfigError(f"data.options: unknown for data.family {family}: {', '.join(unknown)}; "
+            raise ConfigError(f"data.options: unknown for data.family {family}: {', '.join(unknown)}; "
                           f"expected {', '.join(allowed) or 'none'}")
 

