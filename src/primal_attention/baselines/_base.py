@@ -31,6 +31,8 @@ class BaselineAttention(nn.Module):
         check_finite: raise on NaN / Inf input (a device sync per call; off by default).
 
     Shapes: ``x: (B, N, D)``, ``mask: (B, N)`` bool with True at real tokens, output ``(B, N, D)``.
+
+    Subclasses take their own options as keywords and pass these common ones on (``**common``).
     """
 
     #: whether the method has a causal form; subclasses that do set this to True.

@@ -19,6 +19,8 @@ paper, with the normaliser.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -110,22 +112,10 @@ class LinearAttention(BaselineAttention):
         embed_dim: int,
         num_heads: int,
         *,
-        max_seq_len: int | None = None,
-        dropout: float = 0.0,
-        bias: bool = True,
-        causal: bool = False,
-        check_finite: bool = False,
         eps: float = 1e-6,
+        **common: Any,
     ) -> None:
-        super().__init__(
-            embed_dim,
-            num_heads,
-            max_seq_len=max_seq_len,
-            dropout=dropout,
-            bias=bias,
-            causal=causal,
-            check_finite=check_finite,
-        )
+        super().__init__(embed_dim, num_heads, **common)
         if eps <= 0:
             raise ValueError(f"LinearAttention: eps must be positive, got {eps}")
         self.eps = eps

@@ -19,6 +19,7 @@ softmax; with no padding the layer is exact Linformer. Table 3 setting: k = 256.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -48,28 +49,17 @@ class LinformerAttention(BaselineAttention):
         embed_dim: int,
         num_heads: int,
         *,
-        max_seq_len: int | None = None,
-        dropout: float = 0.0,
-        bias: bool = True,
-        causal: bool = False,
-        check_finite: bool = False,
         k: int = 256,
         share_kv: bool = False,
+        **common: Any,
     ) -> None:
+        max_seq_len = common.get("max_seq_len")
         if max_seq_len is None:
             raise ValueError(
                 "LinformerAttention needs max_seq_len: its projections E, F map the sequence axis "
                 "(max_seq_len) to k"
             )
-        super().__init__(
-            embed_dim,
-            num_heads,
-            max_seq_len=max_seq_len,
-            dropout=dropout,
-            bias=bias,
-            causal=causal,
-            check_finite=check_finite,
-        )
+        super().__init__(embed_dim, num_heads, **common)
         if k <= 0:
             raise ValueError(f"LinformerAttention: k must be positive, got {k}")
         self.k = k

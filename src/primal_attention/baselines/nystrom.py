@@ -30,6 +30,7 @@ pseudo-inverse iteration is not stable in half precision).
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -128,24 +129,12 @@ class NystromAttention(BaselineAttention):
         embed_dim: int,
         num_heads: int,
         *,
-        max_seq_len: int | None = None,
-        dropout: float = 0.0,
-        bias: bool = True,
-        causal: bool = False,
-        check_finite: bool = False,
         num_landmarks: int = 64,
         pinv_iterations: int = 6,
         conv_kernel_size: int | None = 33,
+        **common: Any,
     ) -> None:
-        super().__init__(
-            embed_dim,
-            num_heads,
-            max_seq_len=max_seq_len,
-            dropout=dropout,
-            bias=bias,
-            causal=causal,
-            check_finite=check_finite,
-        )
+        super().__init__(embed_dim, num_heads, **common)
         if num_landmarks <= 0:
             raise ValueError(f"NystromAttention: num_landmarks must be positive, got {num_landmarks}")
         if pinv_iterations < 0:

@@ -31,6 +31,7 @@ which leaves it on these softmax features.)
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -113,22 +114,10 @@ class PerformerAttention(BaselineAttention):
         embed_dim: int,
         num_heads: int,
         *,
-        max_seq_len: int | None = None,
-        dropout: float = 0.0,
-        bias: bool = True,
-        causal: bool = False,
-        check_finite: bool = False,
         num_features: int = 256,
+        **common: Any,
     ) -> None:
-        super().__init__(
-            embed_dim,
-            num_heads,
-            max_seq_len=max_seq_len,
-            dropout=dropout,
-            bias=bias,
-            causal=causal,
-            check_finite=check_finite,
-        )
+        super().__init__(embed_dim, num_heads, **common)
         if num_features <= 0:
             raise ValueError(f"PerformerAttention: num_features must be positive, got {num_features}")
         self.num_features = num_features

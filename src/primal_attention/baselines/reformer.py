@@ -32,6 +32,7 @@ mind for language-model comparisons; linear attention and Performer are strictly
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -159,24 +160,12 @@ class ReformerAttention(BaselineAttention):
         embed_dim: int,
         num_heads: int,
         *,
-        max_seq_len: int | None = None,
-        dropout: float = 0.0,
-        bias: bool = True,
-        causal: bool = False,
-        check_finite: bool = False,
         bucket_size: int = 32,
         n_hashes: int = 2,
         chunk_size: int | None = None,
+        **common: Any,
     ) -> None:
-        super().__init__(
-            embed_dim,
-            num_heads,
-            max_seq_len=max_seq_len,
-            dropout=dropout,
-            bias=bias,
-            causal=causal,
-            check_finite=check_finite,
-        )
+        super().__init__(embed_dim, num_heads, **common)
         chunk_size = 2 * bucket_size if chunk_size is None else chunk_size
         if bucket_size <= 0 or n_hashes <= 0 or chunk_size <= 0:
             raise ValueError(

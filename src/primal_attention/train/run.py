@@ -22,6 +22,7 @@ from primal_attention.train.trainer import check_trained_config, resolve_device
 
 if TYPE_CHECKING:
     from primal_attention.data.lm import BPETokenizer
+    from primal_attention.train.families.lm import LMStandIn
 
 
 @dataclass
@@ -98,8 +99,6 @@ def load_lm_run(path: str | Path, *, last: bool = False) -> LoadedLM:
     Raises:
         CheckpointError: no run at ``path``, not a language model, or no tokenizer.json.
     """
-    from types import SimpleNamespace
-
     from primal_attention.data.base import DataError
     from primal_attention.data.lm import BPETokenizer
 
@@ -116,6 +115,6 @@ def load_lm_run(path: str | Path, *, last: bool = False) -> LoadedLM:
     except DataError as err:
         raise CheckpointError(str(err)) from err
     device = resolve_device(cfg.train.device)
-    model = build_model(cfg, SimpleNamespace(vocab_size=tokenizer.vocab_size, block_len=cfg.data.seq_len)).to(device)
+    model = build_model(cfg, LMStandIn(vocab_size=tokenizer.vocab_size, block_len=cfg.data.seq_len)).to(device)
     which = load_run_weights(model, ckpt, last=last)
     return LoadedLM(cfg, model.eval(), tokenizer, device, which, ckpt)

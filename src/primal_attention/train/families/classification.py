@@ -3,8 +3,10 @@ the Long Range Arena tasks (``lra``), all with a :class:`~primal_attention.model
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
+
 from abc import abstractmethod
-from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -61,6 +63,18 @@ def classification_baselines(splits: Splits, seed: int, *, first_token: bool = F
     return out
 
 
+@dataclass(frozen=True)
+class ClassifierStandIn:
+    """What a classifier is built from, without the data: its sizes (a :class:`SequenceData`'s fields)."""
+
+    num_classes: int
+    seq_len: int
+    vocab_size: int | None
+    num_features: int | None
+    #: True for a two-tower task (the model then takes a second document), else None, as SequenceData's x2.
+    x2: bool | None = None
+
+
 class ClassifierFamily(Family):
     """Shared by the sequence-classification families: the classifier, its stand-in sizes, the splits."""
 
@@ -82,9 +96,9 @@ class ClassifierFamily(Family):
             num_features=data.num_features if data.vocab_size is None else None, attention=attention_pattern(cfg),
             dual=data.x2 is not None, **model_fields(cfg.model)))
 
-    def stand_in(self, cfg: ExperimentConfig) -> Any:
-        return SimpleNamespace(num_classes=2, seq_len=cfg.data.seq_len or 16, vocab_size=2 if self.tokens else None,
-                               num_features=None if self.tokens else 1, x2=None)
+    def stand_in(self, cfg: ExperimentConfig) -> ClassifierStandIn:
+        return ClassifierStandIn(num_classes=2, seq_len=cfg.data.seq_len or 16, vocab_size=2 if self.tokens else None,
+                                 num_features=None if self.tokens else 1)
 
     def trivial_baselines(self, cfg: ExperimentConfig, splits: Splits) -> dict[str, dict[str, Any]]:
         return classification_baselines(splits, cfg.train.seed)
@@ -141,10 +155,9 @@ class LRAFamily(ClassifierFamily):
         return (load_lra(d.name, "train", num_examples=d.max_examples, **kw),
                 load_lra(d.name, "test", num_examples=test_cap, **kw))
 
-    def stand_in(self, cfg: ExperimentConfig) -> Any:
-        sizes = super().stand_in(cfg)
-        sizes.x2 = True if cfg.data.name == "retrieval" else None  # the two-tower task
-        return sizes
+    def stand_in(self, cfg: ExperimentConfig) -> ClassifierStandIn:
+        two_towers = cfg.data.name == "retrieval"
+        return dataclasses.replace(super().stand_in(cfg), x2=True if two_towers else None)
 
     def trivial_baselines(self, cfg: ExperimentConfig, splits: Splits) -> dict[str, dict[str, Any]]:
         return classification_baselines(splits, cfg.train.seed, first_token=cfg.data.name == "listops")

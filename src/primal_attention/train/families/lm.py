@@ -3,8 +3,9 @@ valid / test text files such as WikiText-103's) with a :class:`~primal_attention
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 from torch import nn
@@ -31,6 +32,14 @@ def lm_options(cfg: DataConfig) -> dict[str, Any]:
     if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 2):
         raise ConfigError(f"data.options.max_tokens must be an integer >= 2 or null, got {cap!r}")
     return {"vocab_size": vocab, "max_tokens": cap}
+
+
+@dataclass(frozen=True)
+class LMStandIn:
+    """What a language model is built from, without the text: the tokenizer's vocabulary and the context."""
+
+    vocab_size: int
+    block_len: int
 
 
 @register_family("lm")
@@ -100,8 +109,8 @@ class LMFamily(Family):
         except ValueError as err:
             raise ConfigError(str(err)) from None
 
-    def stand_in(self, cfg: ExperimentConfig) -> Any:
-        return SimpleNamespace(vocab_size=lm_options(cfg.data)["vocab_size"], block_len=cfg.data.seq_len)
+    def stand_in(self, cfg: ExperimentConfig) -> LMStandIn:
+        return LMStandIn(vocab_size=lm_options(cfg.data)["vocab_size"], block_len=cfg.data.seq_len)
 
     def prepare_run(self, splits: Splits, out: Path) -> None:
         out.mkdir(parents=True, exist_ok=True)

@@ -3,8 +3,9 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import math
-from types import SimpleNamespace
 from typing import Any
 
 from primal_attention.models.decision import DecisionTransformer, DecisionTransformerConfig
@@ -39,6 +40,15 @@ def rl_options(cfg: DataConfig) -> dict[str, Any]:
             or not math.isfinite(out["target_return"]):
         raise ConfigError(f"data.options.target_return must be a finite number, got {out['target_return']!r}")
     return out
+
+
+@dataclass(frozen=True)
+class RLStandIn:
+    """What a Decision Transformer is built from, without the dataset."""
+
+    state_dim: int
+    act_dim: int
+    max_ep_len: int
 
 
 @register_family("rl")
@@ -77,11 +87,11 @@ class RLFamily(Family):
             state_dim=data.state_dim, act_dim=data.act_dim, context=cfg.data.seq_len, max_ep_len=data.max_ep_len,
             attention=attention_pattern(cfg), **model_fields(cfg.model)))
 
-    def stand_in(self, cfg: ExperimentConfig) -> Any:
+    def stand_in(self, cfg: ExperimentConfig) -> RLStandIn:
         from primal_attention.data.rl import ENV_SIZES, dataset_name
 
         state_dim, act_dim = ENV_SIZES[dataset_name(cfg.data.name)[0]]
-        return SimpleNamespace(state_dim=state_dim, act_dim=act_dim, max_ep_len=rl_options(cfg.data)["max_ep_len"])
+        return RLStandIn(state_dim=state_dim, act_dim=act_dim, max_ep_len=rl_options(cfg.data)["max_ep_len"])
 
     def trivial_baselines(self, cfg: ExperimentConfig, splits: Splits) -> dict[str, dict[str, Any]]:
         from primal_attention.data.rl import normalized_score

@@ -3,7 +3,8 @@
 
 from __future__ import annotations
 
-from types import SimpleNamespace
+from dataclasses import dataclass
+
 from typing import Any
 
 import torch
@@ -20,6 +21,15 @@ from primal_attention.train.tasks import CLASSIFICATION
 IMAGE_DATASETS = ("fashion_mnist", "digits", "image_folder")
 #: data.options that are augmentation settings, not loader arguments.
 AUGMENT_OPTIONS = ("crop_padding", "flip")
+
+
+@dataclass(frozen=True)
+class ImageStandIn:
+    """What a vision transformer is built from, without the data."""
+
+    num_classes: int
+    image_size: int
+    in_channels: int
 
 
 @register_family("vision")
@@ -56,10 +66,10 @@ class VisionFamily(Family):
                                            in_channels=data.in_channels, attention=attention_pattern(cfg),
                                            **model_fields(cfg.model)))
 
-    def stand_in(self, cfg: ExperimentConfig) -> Any:
+    def stand_in(self, cfg: ExperimentConfig) -> ImageStandIn:
         size = cfg.data.options.get("image_size") or {"fashion_mnist": 28, "digits": 8}.get(cfg.data.name, 224)
         channels = 1 if cfg.data.name in ("fashion_mnist", "digits") else 3
-        return SimpleNamespace(num_classes=2, image_size=size, in_channels=channels)
+        return ImageStandIn(num_classes=2, image_size=size, in_channels=channels)
 
     def train_batch(self, cfg: ExperimentConfig, data: Any, index: torch.Tensor, step: int) -> Batch:
         """Images get the augmentation of ``data.options`` (random crop after padding, horizontal flip)
