@@ -193,22 +193,28 @@ def _findings(rows: list[dict[str, Any]]) -> list[str]:
         ratios = [f"{r['decode_tokens_per_s'] / soft8[r['context']]['decode_tokens_per_s']:.1f}× at "
                   f"{r['context'] // 1024}K" for r in eight if r["context"] in soft8]
         out.append("- **Batch 8, HF GPT-2-small shape**: all-primal decodes "
-                   + (", ".join(ratios) + " softmax's tokens/s" if ratios else "")
+                   + (", ".join(ratios) + " softmax's tokens/s (under the load described above)" if ratios else "")
                    + f" with a cache of {_span(eight, 'cache_bytes', 1, '{:,.0f}')} bytes; softmax's cache at 8 × 4K "
                    "tokens is already " + (f"{soft8[4096]['cache_bytes'] / 2**20:,.0f} MiB" if 4096 in soft8 else "–")
                    + ".")
     out += ["- Not run: GPT-2-small-shape softmax and Primal.+ at 65,536 tokens (batch 1) and at 16,384 tokens "
             "(batch 8). Their key / value cache alone would be 4.5 GiB and 9 GiB (12 layers × 2 × 768 × 4 B per token), "
-            "and their prefill, about 200 s at 16,384 tokens of batch 1 here and quadratic in N, an estimated "
-            "50 minutes and 30 minutes per case on one thread."]
+            "and their prefill, about 150–200 s at 16,384 tokens of batch 1 here, quadratic in N and linear in the "
+            "batch, an estimated 50 minutes and 20 minutes per case on one thread."]
     return out
 
 
-def render(rows: list[dict[str, Any]], command: str) -> str:
+#: the runs that make the page (each resumable; cases already in results.json are kept).
+PAGE_RUNS = ("--models ours", "--models gpt2 --contexts 1024 4096 16384",
+             "--models gpt2 --contexts 65536 --settings all-primal", "--models gpt2 --batches 8 --contexts 1024 4096",
+             "--models gpt2 --batches 8 --contexts 16384 --settings all-primal")
+
+
+def render(rows: list[dict[str, Any]], command: str = "") -> str:
     """The markdown table of ``rows``."""
     lines = ["# Decoding memory: prefill + generate", "",
-             f"`{command}`", "",
-             "Each case in a fresh process, one thread, batch 1, random weights; the prompt prefilled in chunks of "
+             *(f"    .venv/bin/python scripts/decode_memory.py {run}" for run in PAGE_RUNS), "",
+             "Each case in a fresh process, one thread, random weights, batch as in the table; the prompt prefilled in chunks of "
              f"{CHUNK} tokens, then {NEW_TOKENS} tokens decoded greedily. **peak**: high-water mark of the resident set "
              "minus the idle one (weights and library buffers excluded), over prefill + decoding. **retained**: resident "
              "set after decoding returned and its cache was dropped, minus the idle one. **held**: tensors the model's "
@@ -216,8 +222,11 @@ def render(rows: list[dict[str, Any]], command: str) -> str:
              "the cache generate returns; ours: the `DecodeCache`). **plan**: the decoding constants our cache keeps "
              "(weight copies in the layout a one-token step reads fastest, alive as long as the cache). A warm-up generate on a 16-token prompt runs before the idle "
              "reading. MiB = 2²⁰ bytes. Measured on a 2-core machine with a training run beside (one thread "
-             "each): tokens/s are comparable within this table only as ratios, and absolute figures are lower "
-             "than on an idle machine.", "",
+             "each) and, during some cases, the test suite: the memory columns do not depend on that load, but "
+             "tokens/s and prefill seconds do. They are lower than on an idle machine and noisy between rows "
+             "(all-primal GPT-2-small decoded 12.3–12.5 tokens/s at batch 1, 4K–16K, on a quieter machine before); read them "
+             "as orders of magnitude, and the speed claims from `docs/results/decode_cache_speed/perf_check.md`, "
+             "measured side by side with nothing else running.", "",
              "| model | setting | batch | context | peak (MiB) | retained (MiB) | held (MiB) | plan (MiB) | prefill (s) | decode tokens/s |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     order = {m: i for i, m in enumerate(MODELS)} | {s: i for i, s in enumerate(SETTINGS)}
@@ -250,7 +259,7 @@ def main() -> None:
     page = args.out.with_suffix(".md")
     rows = json.loads(path.read_text()) if path.is_file() else []
     if args.render:
-        page.write_text(render(rows, ".venv/bin/python scripts/decode_memory.py"))
+        page.write_text(render(rows))
         return
     done = {(r["model"], r["setting"], r["context"], r.get("batch", 1)) for r in rows}
     cases = [(m, s, c, b) for m in args.models for b in args.batches for c in args.contexts for s in args.settings]
@@ -264,7 +273,7 @@ def main() -> None:
             print(f"  skipped: {err}", flush=True)
             continue
         path.write_text(json.dumps(rows, indent=1) + "\n")
-        page.write_text(render(rows, ".venv/bin/python scripts/decode_memory.py"))
+        page.write_text(render(rows))
         r = rows[-1]
         print(f"  peak {r['peak_mib']:.1f} MiB retained {r['retained_mib']:.1f} MiB "
               f"{r['decode_tokens_per_s']:.1f} tok/s", flush=True)
