@@ -596,3 +596,20 @@ def test_option_typos_and_rope_with_the_reference_path_fail_at_primalize():
         hf.primalize(gpt2(), rnak=4)
     with pytest.raises(ValueError, match="impl='reference' has no qk_transform"):
         hf.primalize(llama(), impl="reference", **RANK)
+
+
+@pytest.mark.parametrize("name,layers", [("gpt2", "all"), ("gpt2", [-1]), ("llama", "all"), ("llama", [0])])
+def test_a_padding_free_packed_batch_equals_its_documents_alone(name, layers):
+    """TRL-style padding-free batches: one row, position ids restarting at each document, no attention mask."""
+    model = build(name, double=True, layers=layers)
+    g = torch.Generator().manual_seed(5)
+    docs = [torch.randint(3, V, (n,), generator=g) for n in (4, 7, 3)]
+    ids = torch.cat(docs)[None]
+    positions = torch.cat([torch.arange(len(d)) for d in docs])[None]
+    with torch.no_grad():
+        got = model(input_ids=ids, position_ids=positions, use_cache=False).logits[0]
+        want = torch.cat([model(input_ids=d[None], use_cache=False).logits[0] for d in docs])
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-9)
+    segments = hf.attention.packed_segments(positions, ids.shape[1])
+    assert segments.tolist() == [[0] * 4 + [1] * 7 + [2] * 3]
+    assert hf.attention.packed_segments(torch.arange(6)[None], 6) is None  # one document per row: not packed

@@ -21,13 +21,28 @@ from primal_attention.hf.architectures import RotaryFn
 from primal_attention.layers.primal import PrimalAttention, PrimalState, QKTransform
 
 
-def padding_mask(attention_mask: Any, query_length: int, *, causal: bool) -> Tensor | None:
+def packed_segments(position_ids: Any, query_length: int) -> Tensor | None:
+    """Document ids (B, N) of a padding-free packed batch (HF / TRL: position ids that restart within a
+    row), or None when every row's position ids run on by one (one document per row)."""
+    if not isinstance(position_ids, Tensor) or position_ids.dim() != 2 or position_ids.shape[-1] != query_length \
+            or query_length < 2 or position_ids.is_meta:
+        return None
+    restart = position_ids[:, 1:] != position_ids[:, :-1] + 1
+    if not bool(restart.any()):
+        return None
+    return torch.cat([torch.zeros_like(restart[:, :1]), restart], dim=1).long().cumsum(dim=1)
+
+
+def padding_mask(attention_mask: Any, query_length: int, *, causal: bool,
+                 segments: Tensor | None = None) -> Tensor | None:
     """(B, Nq) bool, True = real token, for the Nq newest tokens; None when every token is real.
 
     attention_mask: what HF passes to attention modules: None, (B, Nk) 0/1 or bool, or
     (B, 1 or H, Nq, Nk) bool (True = attend) / float (0 = attend, very negative = masked).
     Nk ≥ Nq counts cached positions first. Raises ValueError for a 4-D mask that is not the causal
-    (decoders) or all-rows-equal (encoders) mask of a key-padding mask.
+    (decoders) or all-rows-equal (encoders) mask of a key-padding mask; with ``segments`` (the
+    document ids of packed rows, :func:`packed_segments`) the causal mask within each document is
+    accepted too.
     """
     if attention_mask is None:
         return None
@@ -49,7 +64,11 @@ def padding_mask(attention_mask: Any, query_length: int, *, causal: bool) -> Ten
         if causal:
             order = torch.ones(n_q, n_k, dtype=torch.bool, device=keys.device).tril(diagonal=n_k - n_q)
             expected = expected & order
-        if not torch.equal(allowed, expected):
+        packed_ok = False
+        if segments is not None and n_q == n_k and not torch.equal(allowed, expected):
+            same = segments[:, None, :, None] == segments[:, None, None, :]
+            packed_ok = torch.equal(allowed, expected & same)
+        if not packed_ok and not torch.equal(allowed, expected):
             raise ValueError(
                 "primal layer: the attention mask is not a " + ("causal " if causal else "")
                 + "key-padding mask (packed sequences, a sliding window or a custom 4-D mask?); a primal layer "
@@ -125,12 +144,22 @@ class PrimalSelfAttention(nn.Module):
             primal_cache_layer(cache, self.layer_idx)  # a static / quantized cache: one clear error, before the mask
         x = hidden_states
         n = x.shape[1]
-        real = padding_mask(attention_mask, n, causal=self.primal.causal)
+        segments = packed_segments(kwargs.get("position_ids"), n) if self.primal.causal else None
+        real = padding_mask(attention_mask, n, causal=self.primal.causal, segments=segments)
+        if segments is not None and real is not None:
+            segments = None  # left padding (position ids restarting at the first real token), not packing
+
         rotary = None
         if self.rotary is not None:
             if position_embeddings is None:
                 raise ValueError("primal layer: this model applies RoPE; expected position_embeddings=(cos, sin)")
             rotary = position_embeddings
+        if segments is not None:  # a padding-free packed batch (training): each document on its own
+            if cache is not None and primal_cache_layer(cache, self.layer_idx).state is not None:
+                raise ValueError("primal layer: packed sequences (position ids that restart within a row) cannot "
+                                 "continue a decoding cache")
+            out = self.primal(x, None, qk_transform=self._transform(rotary, slice(None)), segments=segments)
+            return self.resid_dropout(out), None
         if cache is None or not self.primal.causal:
             out = self.primal(x, real, qk_transform=self._transform(rotary, slice(None)))
             return self.resid_dropout(out), None

@@ -79,6 +79,18 @@ def resolve_mask(mask: Tensor | None, attn_mask: Tensor | None, name: str) -> Te
     return attn_mask
 
 
+def check_segments(segments: Tensor, x: Tensor, causal: bool, name: str) -> None:
+    """One-line errors for document ids of packed rows: (B, N) integers on x's device, a causal layer."""
+    if not causal:
+        raise ValueError(f"{name}: segments (packed documents) need a causal layer")
+    if not isinstance(segments, Tensor) or segments.shape != x.shape[:2] or segments.dtype.is_floating_point \
+            or segments.dtype == torch.bool:
+        got = f"{tuple(segments.shape)} {segments.dtype}" if isinstance(segments, Tensor) else type(segments).__name__
+        raise ValueError(f"{name}: expected segments of integer document ids ({x.shape[0]}, {x.shape[1]}), got {got}")
+    if segments.device != x.device:
+        raise ValueError(f"{name}: segments are on {segments.device}, x on {x.device}")
+
+
 def check_heads(embed_dim: int, num_heads: int, name: str) -> None:
     """Raise a ValueError unless embed_dim and num_heads are positive and H divides D."""
     if embed_dim <= 0 or num_heads <= 0:

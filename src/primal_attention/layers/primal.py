@@ -20,7 +20,7 @@ from torch import Tensor, nn
 from torch.utils.module_tracker import ModuleTracker
 
 from primal_attention.layers.cache import LayerCache
-from primal_attention.layers.checks import check_dtype, check_heads, check_input, resolve_mask
+from primal_attention.layers.checks import check_dtype, check_heads, check_input, check_segments, resolve_mask
 from primal_attention.layers.registry import register_attention
 from primal_attention.ops.primal import decode, fused, reference
 from primal_attention.ops.primal.decode import PrimalDecodePlan, PrimalState, fused_step
@@ -286,6 +286,7 @@ class PrimalAttention(nn.Module):
         attn_mask: Tensor | None = None,
         qk_transform: QKTransform | None = None,
         cache: LayerCache | None = None,
+        segments: Tensor | None = None,
     ) -> Tensor:
         """x: (B, N, D); mask (or timm's attn_mask): (B, N) bool, True = real token -> (B, N, D).
 
@@ -298,7 +299,14 @@ class PrimalAttention(nn.Module):
         sequence); the rows equal those of the forward over the whole sequence, and ``cache.attn``
         becomes the sums after x. One token without gradients takes the fused step (:meth:`step`
         with the plan kept in ``cache.attn_plan``), updating the sums in place.
+        segments: causal layers, packed rows: (B, N) integer document ids, each document one run of
+        equal ids; every position's prefix mean restarts at its document's first token, so each
+        document's rows equal the forward over that document alone. ``impl="fast"``, no cache.
         """
+        if segments is not None:
+            check_segments(segments, x, self.causal, "PrimalAttention")
+            if cache is not None or self.impl != "fast":
+                raise ValueError("PrimalAttention: segments need impl='fast' and no decoding cache")
         if cache is not None:
             return self._forward_cached(x, resolve_mask(mask, attn_mask, "PrimalAttention"), cache, qk_transform)
         mask = resolve_mask(mask, attn_mask, "PrimalAttention")
@@ -316,6 +324,7 @@ class PrimalAttention(nn.Module):
                 training=self.training,
                 qk_transform=qk_transform,
                 kernel=self.kernel,
+                segments=segments,
             )
             self._record(cache)
             return out

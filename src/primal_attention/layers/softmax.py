@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from primal_attention.layers.cache import KVBuffer, LayerCache
-from primal_attention.layers.checks import check_heads, check_input, resolve_mask
+from primal_attention.layers.checks import check_heads, check_input, check_segments, resolve_mask
 from primal_attention.layers.registry import register_attention
 
 
@@ -111,15 +111,21 @@ class SoftmaxAttention(nn.Module):
         return keep | ~mask.any(dim=1)[:, None, None, None]
 
     def forward(self, x: Tensor, mask: Tensor | None = None, *, attn_mask: Tensor | None = None,
-                cache: LayerCache | None = None) -> Tensor:
+                cache: LayerCache | None = None, segments: Tensor | None = None) -> Tensor:
         """x: (B, N, D); mask (or timm's attn_mask): (B, N) bool, True = real token -> (B, N, D).
 
         cache: causal layers, decoding (:class:`~primal_attention.layers.cache.LayerCache`): x is the
         next chunk after the keys and values in ``cache.attn`` (a :class:`KVBuffer`; None: x starts
         the sequence), which x's are appended to; rows equal the forward over the whole sequence.
-        A decoding loop's one-token step is :meth:`decode_token`."""
+        A decoding loop's one-token step is :meth:`decode_token`.
+        segments: causal layers, packed rows: (B, N) integer document ids (each document one run of
+        equal ids); a query attends to the keys of its own document only."""
         name = type(self).__name__
         mask = resolve_mask(mask, attn_mask, name)
+        if segments is not None:
+            check_segments(segments, x, self.causal, name)
+            if cache is not None:
+                raise ValueError(f"{name}: segments need no decoding cache")
         if cache is not None:
             return self._forward_cached(x, mask, cache)
         check_input(x, mask, self.embed_dim, check_finite=self.check_finite, name=name, dtype=self.q_proj.weight.dtype)
@@ -131,14 +137,17 @@ class SoftmaxAttention(nn.Module):
         x_kv, tainted = self._finite_tokens(x, mask)
         q, k, v = heads(self.q_proj(x)), heads(self.k_proj(x_kv)), heads(self.v_proj(x_kv))
         p = self.dropout if self.training else 0.0
+        plain_causal = mask is None and segments is None and self.causal
+        keep = None if plain_causal and self.fused else self.keep_mask(mask, seq_len, x.device)
+        if segments is not None:  # the causal mask within each document (a query always keeps itself)
+            keep = keep & (segments[:, None, :, None] == segments[:, None, None, :])
         if self.fused:
-            if mask is None and self.causal:
+            if plain_causal:
                 y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
             else:
-                y = F.scaled_dot_product_attention(q, k, v, attn_mask=self.keep_mask(mask, seq_len, x.device), dropout_p=p)
+                y = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, dropout_p=p)
         else:
             scores = (q @ k.transpose(-2, -1)) / math.sqrt(self.head_dim)
-            keep = self.keep_mask(mask, seq_len, x.device)
             if keep is not None:
                 scores = scores.masked_fill(~keep, float("-inf"))
             y = F.dropout(scores.softmax(dim=-1), p=p, training=p > 0) @ v

@@ -15,8 +15,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from primal_attention.layers.cache import DecodeCache
+from primal_attention.layers.checks import check_segments
 from primal_attention.models.transformer import Activation, StackConfig
 from primal_attention.models.dropout import Dropout
+from primal_attention.ops.segments import segment_starts
 
 
 class TokenPlan(NamedTuple):
@@ -79,18 +81,29 @@ class CausalLM(nn.Module):
         self.drop = Dropout(c.dropout)
         self.decoder = c.stack(causal=True, max_seq_len=c.max_seq_len, norm_first=c.norm_first, activation=c.activation)
 
-    def forward(self, x: Tensor, mask: Tensor | None = None, *, cache: DecodeCache | None = None) -> Tensor:
+    def forward(self, x: Tensor, mask: Tensor | None = None, *, cache: DecodeCache | None = None,
+                segments: Tensor | None = None) -> Tensor:
         """x: (B, N) int64 tokens, mask: (B, N) bool or None -> logits (B, N, vocab_size).
 
         cache: decoding in eval mode (:class:`~primal_attention.layers.cache.DecodeCache`, updated in
         place; a new one starts a sequence): x is the next chunk after the positions in it, and the
         logits equal those of the forward over the whole sequence so far (a token's position is its
         column, or its row's own after a right-padded prompt: see :meth:`prefill`).
+        segments: packed documents, (B, N) integer document ids (each document one run of equal ids):
+        positions restart at each document's first token and every layer keeps to its document, so
+        each document's logits equal those of the model over that document alone (not with a cache).
         """
         if cache is not None and not isinstance(cache, DecodeCache):
             raise TypeError(f"CausalLM: expected a DecodeCache (or None), got {type(cache).__name__}")
         start = 0 if cache is None else cache.length
         self._check_tokens(x, "CausalLM", start)
+        if segments is not None:
+            if cache is not None:
+                raise ValueError("CausalLM: segments (packed documents) are not for decoding with a cache")
+            check_segments(segments, x[..., None], True, "CausalLM")
+            steps = torch.arange(x.shape[1], device=x.device).expand_as(x)
+            h = self.drop(self.embed(x) * self.embed_scale + self.pos[steps - segment_starts(segments)])
+            return self.decoder(h, mask, segments=segments) @ self.embed.weight.T
         if cache is None:
             h = self.drop(self.embed(x) * self.embed_scale + self.pos[: x.shape[1]])
             return self.decoder(h, mask) @ self.embed.weight.T

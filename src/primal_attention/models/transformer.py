@@ -8,6 +8,7 @@ e.g. ``attention_options={"primal": {"rank": 20, "rank_multi": 10}}``.
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple
@@ -233,10 +234,18 @@ class TransformerBlock(nn.Module):
         self.drop = Dropout(dropout)
         self.drop_path = DropPath(drop_path) if drop_path else nn.Identity()
 
-    def forward(self, x: Tensor, mask: Tensor | None = None, *, cache: LayerCache | None = None) -> Tensor:
+    def forward(self, x: Tensor, mask: Tensor | None = None, *, cache: LayerCache | None = None,
+                segments: Tensor | None = None) -> Tensor:
         """x (B, N, D), mask (B, N) -> (B, N, D). cache: decoding (eval mode only, a causal attention):
         x is the next chunk after the tokens in the block's :class:`~primal_attention.layers.cache.LayerCache`,
-        which the attention and the feed-forward update (see :class:`TransformerStack`)."""
+        which the attention and the feed-forward update (see :class:`TransformerStack`). segments:
+        (B, N) document ids of packed rows, passed to the attention (see :class:`TransformerStack`)."""
+        if segments is not None:
+            if self.norm_first:
+                x = x + self.drop_path(self.drop(self.attn(self.norm1(x), mask, segments=segments)))
+                return x + self.drop_path(self.drop(self.ffn(self.norm2(x))))
+            x = self.norm1(x + self.drop_path(self.drop(self.attn(x, mask, segments=segments))))
+            return self.norm2(x + self.drop_path(self.drop(self.ffn(x))))
         if cache is not None:
             if self.training:
                 raise RuntimeError("TransformerBlock: decoding runs without dropout; call .eval() first")
@@ -330,8 +339,14 @@ class TransformerStack(nn.Module):
         use_final = norm_first if final_norm is None else final_norm
         self.norm = nn.LayerNorm(dim) if use_final else nn.Identity()
 
-    def forward(self, x: Tensor, mask: Tensor | None = None, *, cache: DecodeCache | None = None) -> Tensor:
+    def forward(self, x: Tensor, mask: Tensor | None = None, *, cache: DecodeCache | None = None,
+                segments: Tensor | None = None) -> Tensor:
         """x (B, N, D), mask (B, N) bool or None -> (B, N, D).
+
+        segments: packed rows of a causal stack, (B, N) integer document ids (each document one run of
+        equal ids): every attention keeps to its own document (a primal layer's prefix mean restarts
+        at the document's first token, a softmax layer masks the other documents), so each
+        document's rows equal the stack over that document alone. Not with a cache.
 
         cache: incremental decoding of a causal stack in eval mode
         (:class:`~primal_attention.layers.cache.DecodeCache`; a new one starts a sequence). x is the
@@ -339,6 +354,16 @@ class TransformerStack(nn.Module):
         the rows equal those of the eval-mode forward over the whole sequence so far. A prompt fed
         in chunks needs memory for one chunk plus the states (O(1) per primal layer).
         """
+        if segments is not None:
+            if cache is not None:
+                raise ValueError("TransformerStack: segments (packed documents) are not for decoding with a cache")
+            for i, block in enumerate(self.blocks):
+                if "segments" not in inspect.signature(type(block.attn).forward).parameters:
+                    raise TypeError(f"TransformerStack: block {i}'s {type(block.attn).__name__} takes no segments "
+                                    "(packed documents need causal primal or softmax attention)")
+            for block in self.blocks:
+                x = block(x, mask, segments=segments)
+            return self.norm(x)
         if cache is None:
             for block in self.blocks:
                 x = block(x, mask)

@@ -35,6 +35,7 @@ from torch import Tensor
 from primal_attention.ops.primal.folded import CHUNK_ROWS, FoldedPrimal, folded_infer
 from primal_attention.ops.primal.kernel import Kernel, resolve_kernel
 from primal_attention.ops.primal.reference import PrimalWeights, norm_eps, uniform_sample_index
+from primal_attention.ops.segments import segment_starts
 
 
 class PrimalCache(NamedTuple):
@@ -73,21 +74,34 @@ def valid_sample_index(mask: Tensor, num_samples: int) -> Tensor:
     return torch.where(count[:, None] > 0, index, torch.zeros_like(index))
 
 
-def _causal_prefix_mean(qk: Tensor, real: Tensor | None, prefix: tuple[Tensor, Tensor] | None = None) -> Tensor:
+def _restart(cumulative: Tensor, starts: Tensor) -> Tensor:
+    """Inclusive cumulative sums (B, N, C) restarted at each document: minus the sum before its start."""
+    before = (starts - 1).clamp_min(0)[:, :, None].expand(-1, -1, cumulative.shape[-1])
+    base = cumulative.gather(1, before)
+    return cumulative - base.masked_fill((starts == 0)[:, :, None], 0.0)
+
+
+def _causal_prefix_mean(qk: Tensor, real: Tensor | None, prefix: tuple[Tensor, Tensor] | None = None,
+                        segments: Tensor | None = None) -> Tensor:
     """Mean over real tokens up to each position: qk (B, N, C), real (B, N) float or None.
 
     prefix: ``(total (B, C), count (B,))``, the sums of the tokens before these N (a chunk after a
     decoding state, :class:`~primal_attention.ops.primal.decode.PrimalState`), or None for none.
+    segments: (B, N) document ids of packed rows: each position's mean covers its own document only.
     """
     seq_len = qk.shape[1]
     # Sums in float32 at least: under fp16 autocast a cumsum over 20 000 tokens overflows 65 504.
     acc = torch.promote_types(qk.dtype, torch.float32)
-    if real is None:
+    if real is None and segments is None:
         total = torch.cumsum(qk.to(acc), dim=1)
         count = torch.arange(1, seq_len + 1, device=qk.device, dtype=acc)[None, :, None]
     else:
-        w = real[:, :, None].to(acc)
+        w = torch.ones_like(qk[:, :, :1], dtype=acc) if real is None else real[:, :, None].to(acc)
         total, count = torch.cumsum(qk.to(acc) * w, dim=1), torch.cumsum(w, dim=1)
+        if segments is not None:
+            starts = segment_starts(segments)
+            total, count = _restart(total, starts), _restart(count, starts)
+            return (total / count.clamp_min(1.0)).to(qk.dtype)
     if prefix is not None:
         total = total + prefix[0][:, None, :].to(acc)
         count = count + prefix[1][:, None, None].to(acc)
@@ -138,6 +152,7 @@ def primal_attention(
     qk_transform: Callable[[Tensor], Tensor] | None = None,
     kernel: Kernel = "auto",
     prefix: tuple[Tensor, Tensor] | None = None,
+    segments: Tensor | None = None,
 ) -> tuple[Tensor, PrimalCache]:
     """Fast Primal-Attention forward; same arguments and output as the reference.
 
@@ -153,6 +168,9 @@ def primal_attention(
             ("auto", "torch", "triton"; see :func:`~primal_attention.ops.primal.kernel.resolve_kernel`).
         prefix: causal only: ``(total (B, 2D), count (B,))``, the running sums of the real tokens
             before x (a chunk of a longer sequence, after its decoding state); None: x starts it.
+        segments: causal only: (B, N) document ids of packed rows (each document one run of equal
+            ids); each position's prefix mean then restarts at its document's first token, so a
+            packed row gives its documents' own outputs. Takes the unfolded path.
 
     Returns:
         out (B, N, D) and the :class:`PrimalCache` for the KSVD objective.
@@ -181,9 +199,11 @@ def primal_attention(
         x_tilde = x_sampled.view(batch, n, heads, d)
         proj = torch.einsum("bmhc,ghms->bghcs", x_tilde, w_er)  # (B, 2, H, d, s)
 
+    if segments is not None and (not causal or prefix is not None):
+        raise ValueError("primal_attention: segments (packed documents) need a causal layer and no prefix")
     if fold_out is None:
         fold_out = seq_len >= 16 * dim
-    fold_out = fold_out and not (training and dropout_p > 0.0)
+    fold_out = fold_out and not (training and dropout_p > 0.0) and segments is None
     if fold_out:
         return _folded(x, weights, proj, qk_weight, qk_bias, heads=heads, causal=causal, real=real,
                        token_weight=token_weight, chunk_rows=chunk_rows or CHUNK_ROWS, qk_transform=qk_transform,
@@ -193,7 +213,7 @@ def primal_attention(
     if qk_transform is not None:
         qk = qk_transform(qk)
     if causal:
-        qk = _causal_prefix_mean(qk, real, prefix)
+        qk = _causal_prefix_mean(qk, real, prefix, segments)
     features = F.normalize(qk.view(batch, seq_len, 2 * heads, d), p=2.0, dim=-1, eps=norm_eps(qk.dtype))
     features = features.view(batch, seq_len, 2 * dim)
     out = mix_and_project(features, proj, weights, heads=heads, real=real, dropout_p=dropout_p, training=training)
