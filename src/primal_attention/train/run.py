@@ -22,7 +22,6 @@ from primal_attention.train.trainer import check_trained_config, resolve_device
 
 if TYPE_CHECKING:
     from primal_attention.data.lm import BPETokenizer
-    from primal_attention.train.families.lm import LMStandIn
 
 
 @dataclass
@@ -101,6 +100,7 @@ def load_lm_run(path: str | Path, *, last: bool = False) -> LoadedLM:
     """
     from primal_attention.data.base import DataError
     from primal_attention.data.lm import BPETokenizer
+    from primal_attention.train.families.lm import LMStandIn
 
     run_dir, ckpt = find_run(Path(path))
     cfg = load_config(run_dir / "config.yaml")
