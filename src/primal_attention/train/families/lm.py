@@ -112,6 +112,22 @@ class LMFamily(Family):
     def stand_in(self, cfg: ExperimentConfig) -> LMStandIn:
         return LMStandIn(vocab_size=lm_options(cfg.data)["vocab_size"], block_len=cfg.data.seq_len)
 
+    def fetch(self, name: str, *, data_dir: str | None = None, vocab_size: int = 4096) -> str | None:
+        """``lm``: the corpora fetched and split, the BPE of ``vocab_size`` trained (or loaded), and their sizes."""
+        if name != "lm":
+            return None
+        from primal_attention.data.lm import lm_data_info
+
+        info = lm_data_info(vocab_size=vocab_size)
+        lines = [f"LM corpora (split rule: {info['rule']})"]
+        for split, t in info["splits"].items():
+            lines.append(f"  {split:5s} {t['works']:3d} works, {t['bytes'] / 1e6:6.2f} MB, {t['tokens']:9d} tokens "
+                         f"(BPE {vocab_size})")
+        for corpus, parts in info["corpora"].items():
+            for split in ("val", "test"):
+                lines.append(f"  {corpus} {split}: {', '.join(parts[split]['works']) or '-'}")
+        return "\n".join(lines)
+
     def prepare_run(self, splits: Splits, out: Path) -> None:
         out.mkdir(parents=True, exist_ok=True)
         splits.train.tokenizer.save(out / "tokenizer.json")  # `primal generate` reads it
