@@ -257,6 +257,8 @@ def test_hf_model_configs_are_one_line_errors(tmp_path, text_dir, env) -> None:
     pytest.importorskip("transformers")
     for sets, message in ((["model.hf.architecture=bert"], "model.hf.architecture must be one of gpt2, llama, qwen2"),
                           (["model.hf.architecture=gpt2", "model.hf.config.n_layer=3"], "come from model.layers"),
+                          (["model.hf.architecture=gpt2", "model.hf.config.resid_pdrp=0"],
+                           "model.hf.config: resid_pdrp is not a field of GPT2Config"),
                           (["model.hf.architecture=gpt2", "model.attention=[primal,softmax]"],
                            "a per-layer model.attention list does not apply")):
         proc = cli("train", str(CONFIG), "--out", str(tmp_path / "bad"), *tiny(text_dir, *sets), env=env)

@@ -64,11 +64,9 @@ def padding_mask(attention_mask: Any, query_length: int, *, causal: bool,
         if causal:
             order = torch.ones(n_q, n_k, dtype=torch.bool, device=keys.device).tril(diagonal=n_k - n_q)
             expected = expected & order
-        packed_ok = False
-        if segments is not None and n_q == n_k and not torch.equal(allowed, expected):
-            same = segments[:, None, :, None] == segments[:, None, None, :]
-            packed_ok = torch.equal(allowed, expected & same)
-        if not packed_ok and not torch.equal(allowed, expected):
+        if not torch.equal(allowed, expected) and not (
+                segments is not None and n_q == n_k
+                and torch.equal(allowed, expected & (segments[:, None, :, None] == segments[:, None, None, :]))):
             raise ValueError(
                 "primal layer: the attention mask is not a " + ("causal " if causal else "")
                 + "key-padding mask (packed sequences, a sliding window or a custom 4-D mask?); a primal layer "

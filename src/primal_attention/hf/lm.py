@@ -106,6 +106,11 @@ def build_hf_lm(architecture: str, config: dict[str, Any], *, kind: str, layers:
                          "set them there")
     values: dict[str, Any] = dict(zip(SET_FROM_MODEL, (layers, dim, num_heads, vocab_size, max_seq_len), strict=True))
     defaults = config_class()  # which names this architecture's config has
+    known = set(defaults.to_dict()) | set(getattr(config_class, "attribute_map", {}))
+    unknown = sorted(set(config) - known)
+    if unknown:
+        raise ValueError(f"model.hf.config: {', '.join(unknown)} {'is not a field' if len(unknown) == 1 else 'are not fields'} "
+                         f"of {config_class.__name__}")
     width = "intermediate_size" if hasattr(defaults, "intermediate_size") else "n_inner"
     if width not in config:
         values[width] = ffn_dim
