@@ -17,6 +17,7 @@ from torch import nn
 #: built-in name -> the module whose import registers it.
 BUILTIN: dict[str, str] = {
     "primal": "primal_attention.layers.primal",
+    "window_primal": "primal_attention.layers.window",
     "softmax": "primal_attention.layers.softmax",
     "softmax_materialized": "primal_attention.layers.softmax",
     "nystrom": "primal_attention.baselines.nystrom",

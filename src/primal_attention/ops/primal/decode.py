@@ -41,16 +41,18 @@ class PrimalDecodePlan(NamedTuple):
 
 
 def fused_step(plan: PrimalDecodePlan, x: Tensor, total: Tensor, count: Tensor, *, inplace: bool = False,
-               residual: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+               residual: Tensor | None = None, qk: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
     """One unpadded decoding step from a plan, in the fewest tensor operations.
 
     x: (B, D); total: (B, 2D); count: (B, 1) (a view of the state's (B,) count). Returns
     ``(out (B, D), total', count')``: with ``inplace`` total and count are advanced in place (the
     preallocated state of a decoding session), else new tensors. ``residual`` (B, D) is added to out
     (the block's skip connection, one operation fewer). Features are ``total / max(‖total‖, eps·count)``
-    per head, i.e. ``F.normalize`` of the prefix mean without forming it.
+    per head, i.e. ``F.normalize`` of the prefix mean without forming it. ``qk`` (B, 2D): x's
+    ``[q | k]`` when the caller has it already (a layer that projects q, k and v in one matmul).
     """
-    qk = torch.mm(x, plan.qk_t) if plan.qk_bias is None else torch.addmm(plan.qk_bias, x, plan.qk_t)
+    if qk is None:
+        qk = torch.mm(x, plan.qk_t) if plan.qk_bias is None else torch.addmm(plan.qk_bias, x, plan.qk_t)
     if inplace:
         total = total.add_(qk)
         count = count.add_(1.0)
