@@ -132,6 +132,33 @@ def test_converted_all_primal_lm_decodes_with_constant_state(lm_run, tmp_path) -
     assert len(sizes) == 1  # the decoding state does not grow with the context
 
 
+def test_a_window_conversion_starts_as_the_original_when_the_window_covers_the_input(lm_run, tmp_path) -> None:
+    from primal_attention import WindowPrimalAttention
+    from primal_attention.convert import RunSubject
+
+    subject = RunSubject(lm_run)
+    student = subject.convert([0, 1], {"rank": 4, "window": 16, "gate_init": 60.0})
+    assert all(isinstance(b.attn, WindowPrimalAttention) for b in student.decoder.blocks)
+    tokens = torch.randint(0, subject.original.config.vocab_size, (2, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():  # the gate open and N <= w: the window is the softmax layer it replaced
+        torch.testing.assert_close(student.eval()(tokens), subject.original(tokens), rtol=0, atol=1e-4)
+
+    out = tmp_path / "window"
+    proc = _cli("convert", str(lm_run), "--layers", "all", "--window", "4", "--transfer-steps", "5", "--out", str(out),
+                "--set", "primal.rank=4", "--no-progress")
+    assert proc.returncode == 0, proc.stderr
+    run = load_lm_run(out)
+    assert run.cfg.model.attention == ["window_primal", "window_primal"]
+    model = run.model.double()
+    full = model(tokens)
+    state = None
+    for t in range(tokens.shape[1]):
+        logits, state = model.step(tokens[:, t], state)
+        torch.testing.assert_close(logits, full[:, t], rtol=0, atol=1e-9)
+    bad = _cli("convert", str(lm_run), "--window", "4", "--set", "primal.window=8", "--out", str(tmp_path / "bad"))
+    assert bad.returncode != 0 and "disagree" in bad.stderr and "Traceback" not in bad.stderr
+
+
 def test_resume_continues_the_interrupted_conversion(lm_run, tmp_path) -> None:
     straight = convert_run(lm_run, tmp_path / "a", ConvertOptions(layers="all", transfer_steps=8, **QUICK))
     first = convert_run(lm_run, tmp_path / "b", ConvertOptions(layers="all", transfer_steps=4, **QUICK))

@@ -190,3 +190,15 @@ def test_bad_options_states_and_inputs_are_one_line_errors() -> None:
     with pytest.raises(ValueError, match="segments .* need a causal layer"):
         layer(4, False)(torch.randn(1, 4, D, dtype=torch.float64), segments=torch.zeros(1, 4, dtype=torch.long))
     assert isinstance(state, WindowState) and state.seen == 5
+
+
+def test_the_primal_branch_is_seen_by_the_analysis_tools() -> None:
+    from primal_attention.analysis.capture import capture_inputs
+
+    stack = pa.TransformerStack(["window_primal", "softmax"], D, H, 32, causal=True,
+                                attention_options={"window_primal": {"window": 4, "rank": 4}})
+    x = torch.randn(2, 7, D)
+    with capture_inputs(stack) as seen:
+        stack(x)
+    assert sorted(seen) == ["blocks.0.attn.primal", "blocks.1.attn"]
+    torch.testing.assert_close(seen["blocks.0.attn.primal"].x, stack.blocks[0].norm1(x))

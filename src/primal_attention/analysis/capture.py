@@ -41,7 +41,7 @@ def capture_inputs(model: nn.Module):
     A context manager yielding name -> :class:`LayerInput` (see
     :func:`primal_attention.layers.inputs.record_inputs`).
     """
-    return record_inputs(attention_layers(model))
+    return record_inputs(attention_layers(model), model)
 
 
 def _f64(t: Tensor | None) -> Tensor | None:

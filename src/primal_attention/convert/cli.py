@@ -26,6 +26,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--finetune-steps", type=int, default=0)
     p.add_argument("--finetune", default="all", choices=FINETUNE_PARTS, help="train the whole model or the new layers and norms")
     p.add_argument("--eta", type=float, default=0.0, help="weight of the KSVD term in transfer and fine-tuning")
+    p.add_argument("--window", type=int, metavar="W", help="convert to window + primal layers: softmax over the last W "
+                   "tokens beside the primal term, gated per head (the same as --set primal.window=W)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="any conversion option, e.g. primal.rank=16, transfer_lr=3e-3, eval_every=50 (docs/convert.md)")
     p.add_argument("--overwrite", action="store_true", help="remove what --out holds and start afresh")
@@ -62,6 +64,10 @@ def _options(args: argparse.Namespace) -> ConvertOptions:
         else:
             raise ConvertError(f"--set: unknown option {key!r}; expected primal.<PrimalAttention option> or one of "
                                f"{', '.join(n for n in names if n not in ('primal', 'progress'))}")
+    if args.window is not None:
+        if o.primal.get("window", args.window) != args.window:
+            raise ConvertError(f"--window {args.window} and --set primal.window={o.primal['window']} disagree; give one")
+        o.primal["window"] = args.window
     return o
 
 

@@ -184,7 +184,9 @@ class RunSubject(Subject):
         return [m.attn for m in model.modules() if isinstance(m, TransformerBlock)]
 
     def is_primal(self, module: nn.Module) -> bool:
-        return isinstance(module, PrimalAttention)
+        from primal_attention.layers.window import WindowPrimalAttention
+
+        return isinstance(module, (PrimalAttention, WindowPrimalAttention))
 
     def is_softmax(self, module: nn.Module) -> bool:
         from primal_attention.layers.softmax import SoftmaxAttention
@@ -193,16 +195,19 @@ class RunSubject(Subject):
 
     def converted_config(self, layers: list[int], options: dict[str, Any]):
         """The run's config with ``layers`` primal: an explicit ``model.attention`` list, and the primal
-        options on top of the run's own ``attention_options.primal``."""
+        options on top of the run's own ``attention_options.primal``. ``window`` among the options makes
+        them ``window_primal`` layers (:class:`~primal_attention.WindowPrimalAttention`)."""
         import dataclasses
 
         from primal_attention.train.families.base import attention_pattern
 
+        kind = "primal" if options.get("window") is None else "window_primal"
+        options = {k: v for k, v in options.items() if kind == "window_primal" or k not in ("window", "gate_init")}
         pattern = attention_pattern(self.cfg)
         for i in layers:
-            pattern[i] = "primal"
+            pattern[i] = kind
         attention_options = {k: dict(v) for k, v in self.cfg.model.attention_options.items()}
-        attention_options["primal"] = {**attention_options.get("primal", {}), **options}
+        attention_options[kind] = {**attention_options.get("primal", {}), **attention_options.get(kind, {}), **options}
         model = dataclasses.replace(self.cfg.model, attention=pattern, attention_options=attention_options)
         return dataclasses.replace(self.cfg, model=model)
 
@@ -224,8 +229,8 @@ class RunSubject(Subject):
             kept = {k: v for k, v in kept.items() if not k.startswith(prefix)}
         student.load_state_dict(kept, strict=False)
         with torch.no_grad():
-            for i in layers:
-                for name in ("q_proj", "k_proj", "out_proj"):
+            for i in layers:  # a window layer takes the values too: its window starts as the softmax layer
+                for name in ("q_proj", "k_proj", "out_proj") + (("v_proj",) if hasattr(new[i], "v_proj") else ()):
                     src, dst = getattr(old[i], name), getattr(new[i], name)
                     dst.weight.copy_(src.weight)
                     if dst.bias is not None:

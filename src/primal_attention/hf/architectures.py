@@ -36,6 +36,9 @@ class Projections:
     k_bias: Tensor | None
     out_weight: Tensor | None
     out_bias: Tensor | None
+    #: the value projection (D, D), copied into a window + primal layer's ``v_proj`` (None: not copied).
+    v_weight: Tensor | None = None
+    v_bias: Tensor | None = None
 
 
 @dataclass
@@ -148,7 +151,7 @@ class GPT2Architecture(Architecture):
         dim = attention.embed_dim
         w, b = attention.c_attn.weight, attention.c_attn.bias  # (D, 3D), (3D,): columns q | k | v
         return Projections(w[:, :dim].T, b[:dim], w[:, dim:2 * dim].T, b[dim:2 * dim],
-                           attention.c_proj.weight.T, attention.c_proj.bias)
+                           attention.c_proj.weight.T, attention.c_proj.bias, w[:, 2 * dim:].T, b[2 * dim:])
 
 
 class _RotaryDecoder(Architecture):
@@ -174,7 +177,8 @@ class _RotaryDecoder(Architecture):
                 .reshape(-1, *t.shape[1:])
 
         return Projections(attention.q_proj.weight, attention.q_proj.bias, expand(attention.k_proj.weight),
-                           expand(attention.k_proj.bias), attention.o_proj.weight, attention.o_proj.bias)
+                           expand(attention.k_proj.bias), attention.o_proj.weight, attention.o_proj.bias,
+                           expand(attention.v_proj.weight), expand(attention.v_proj.bias))
 
 
 @register_architecture("llama")
@@ -219,7 +223,7 @@ class BertArchitecture(Architecture):
 
     def projections(self, attention: nn.Module, config: PretrainedConfig) -> Projections:
         return Projections(attention.query.weight, attention.query.bias, attention.key.weight, attention.key.bias,
-                           None, None)
+                           None, None, attention.value.weight, attention.value.bias)
 
 
 @register_architecture("roberta")
@@ -246,17 +250,21 @@ class ViTArchitecture(Architecture):
 
     def projections(self, attention: nn.Module, config: PretrainedConfig) -> Projections:
         return Projections(attention.q_proj.weight, attention.q_proj.bias, attention.k_proj.weight,
-                           attention.k_proj.bias, attention.o_proj.weight, attention.o_proj.bias)
+                           attention.k_proj.bias, attention.o_proj.weight, attention.o_proj.bias,
+                           attention.v_proj.weight, attention.v_proj.bias)
 
 
 @torch.no_grad()
 def copy_projections(source: Projections, primal: nn.Module) -> None:
-    """Load q, k and the output projection of the replaced layer into a PrimalAttention.
+    """Load q, k and the output projection of the replaced layer into a PrimalAttention (and the value
+    projection into a :class:`~primal_attention.WindowPrimalAttention`'s window).
 
     Biases the source lacks are zeroed; biases the primal layer lacks are dropped. Without a source
     output projection the primal ``out_proj`` becomes the identity.
     """
     pairs = [(primal.q_proj, source.q_weight, source.q_bias), (primal.k_proj, source.k_weight, source.k_bias)]
+    if hasattr(primal, "v_proj") and source.v_weight is not None:
+        pairs.append((primal.v_proj, source.v_weight, source.v_bias))
     if source.out_weight is None:
         pairs.append((primal.out_proj, torch.eye(primal.embed_dim), None))
     else:

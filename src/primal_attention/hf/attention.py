@@ -18,7 +18,8 @@ from torch import Tensor, nn
 
 from primal_attention.hf.cache import primal_cache_layer
 from primal_attention.hf.architectures import RotaryFn
-from primal_attention.layers.primal import PrimalAttention, PrimalState, QKTransform
+from primal_attention.layers.primal import PrimalAttention, QKTransform
+from primal_attention.layers.window import WindowPrimalAttention
 
 
 def packed_segments(position_ids: Any, query_length: int) -> Tensor | None:
@@ -98,7 +99,8 @@ def rotary_transform(apply: RotaryFn, cos: Tensor, sin: Tensor, heads: int) -> Q
 
 
 class PrimalSelfAttention(nn.Module):
-    """A :class:`~primal_attention.PrimalAttention` behind HF's self-attention calling convention.
+    """A :class:`~primal_attention.PrimalAttention` (or :class:`~primal_attention.WindowPrimalAttention`)
+    behind HF's self-attention calling convention.
 
     forward(hidden_states (B, N, D), attention_mask (see :func:`padding_mask`), cache (HF Cache or
     None), position_embeddings ((cos, sin), each (B, N, d), RoPE models only)) -> (out (B, N, D), None).
@@ -111,7 +113,7 @@ class PrimalSelfAttention(nn.Module):
     There is no attention matrix: ``output_attentions=True`` raises a ValueError.
     """
 
-    def __init__(self, primal: PrimalAttention, *, layer_idx: int, rotary: RotaryFn | None = None,
+    def __init__(self, primal: PrimalAttention | WindowPrimalAttention, *, layer_idx: int, rotary: RotaryFn | None = None,
                  resid_dropout: float = 0.0, decode_plan: bool = False) -> None:
         super().__init__()
         self.primal = primal
@@ -177,7 +179,7 @@ class PrimalSelfAttention(nn.Module):
             # a prompt, or a chunk of one (HF's chunked prefill): every row at once after the state so far
             out, state = self.primal.extend(x, slot.state, real, qk_transform=transform)
         # The cache is for decoding: no gradient flows through it into a later call.
-        slot.update_state(PrimalState(state.total.detach(), state.count.detach()), n)
+        slot.update_state(type(state)(*(t.detach() if isinstance(t, Tensor) else t for t in state)), n)
         return self.resid_dropout(out), None
 
     def _transform(self, rotary: tuple[Tensor, Tensor] | None, positions: slice) -> QKTransform | None:

@@ -21,11 +21,13 @@ import torch
 from torch import Tensor, nn
 from transformers.cache_utils import Cache, CacheLayerMixin, DynamicLayer, EncoderDecoderCache
 
+from primal_attention.layers.window import WindowDecodePlan, WindowState
 from primal_attention.ops.primal.decode import PrimalDecodePlan, PrimalState
 
 
 class PrimalCacheLayer(CacheLayerMixin):
-    """One primal layer's O(1) decoding state: ``PrimalState(total (B, 2D), count (B,))`` and the
+    """One primal layer's O(1) decoding state: ``PrimalState(total (B, 2D), count (B,))`` (a window +
+    primal layer's ``WindowState``: those sums and a ring of the last w keys and values) and the
     number of positions seen (padding included, as HF counts positions).
 
     Key/value updates are refused (they belong to softmax layers). Beam search reordering and batch
@@ -40,8 +42,8 @@ class PrimalCacheLayer(CacheLayerMixin):
 
     def __init__(self) -> None:
         super().__init__()
-        self.state: PrimalState | None = None
-        self.plan: PrimalDecodePlan | None = None  # the layer's fused decoding constants, set at the first step
+        self.state: PrimalState | WindowState | None = None
+        self.plan: PrimalDecodePlan | WindowDecodePlan | None = None  # the layer's fused decoding constants, set at the first step
         self.seen_tokens = 0
         self.device: torch.device | None = None
         #: every self-attention of the model is primal: the mask HF builds from this slot need only cover the
@@ -57,7 +59,7 @@ class PrimalCacheLayer(CacheLayerMixin):
             "(is a softmax attention using a primal layer's index?)"
         )
 
-    def update_state(self, state: PrimalState, new_tokens: int) -> None:
+    def update_state(self, state: PrimalState | WindowState, new_tokens: int) -> None:
         """Store the state after ``new_tokens`` more positions."""
         self.state = state
         self.seen_tokens += new_tokens
@@ -81,10 +83,7 @@ class PrimalCacheLayer(CacheLayerMixin):
     def nbytes(self) -> int:
         """Bytes held: the running sums and, once decoding has started, the layer's fused step plan
         (rearranged weight copies, 4·D² numbers: constant in the context length, but not free)."""
-        tensors = [] if self.state is None else list(self.state)
-        if self.plan is not None:
-            tensors += [t for t in self.plan if isinstance(t, Tensor) and not isinstance(t, nn.Parameter)]
-        return sum(t.numel() * t.element_size() for t in tensors)
+        return _nbytes(self.state) + _nbytes(self.plan)
 
     def reset(self) -> None:
         self.state = None
@@ -94,7 +93,7 @@ class PrimalCacheLayer(CacheLayerMixin):
 
     def _map(self, fn: Callable[[Tensor], Tensor]) -> None:
         if self.state is not None:
-            self.state = PrimalState(fn(self.state.total), fn(self.state.count))
+            self.state = type(self.state)(*(fn(t) if isinstance(t, Tensor) else t for t in self.state))
 
     def offload(self) -> None:
         self._map(lambda t: t.to("cpu", non_blocking=True))
@@ -118,6 +117,16 @@ class PrimalCacheLayer(CacheLayerMixin):
                 "PrimalCacheLayer: a primal layer keeps running sums and cannot be cropped "
                 "(assisted / speculative decoding is not supported with primal layers)"
             )
+
+
+def _nbytes(obj: object) -> int:
+    """Bytes of the tensors in a state or plan (nested tuples included); parameters a plan refers to
+    as they are (an output bias) are the model's memory and count 0."""
+    if isinstance(obj, Tensor):
+        return 0 if isinstance(obj, nn.Parameter) else obj.numel() * obj.element_size()
+    if isinstance(obj, tuple):
+        return sum(_nbytes(t) for t in obj)
+    return 0
 
 
 def primal_cache_layer(cache: Cache, layer_idx: int) -> PrimalCacheLayer:

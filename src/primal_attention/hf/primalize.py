@@ -16,6 +16,7 @@ from primal_attention.hf.attention import OUTPUT_ATTENTIONS_ERROR, PrimalSelfAtt
 from primal_attention.hf.architectures import Architecture, architecture_of, copy_projections
 from primal_attention.hf.primal_config import mark_primal
 from primal_attention.layers.primal import PrimalAttention, is_collected
+from primal_attention.layers.window import WindowPrimalAttention
 
 #: the config attribute (and config.json key) that records every primalize call of a model.
 CONFIG_KEY = "primal_attention"
@@ -26,6 +27,9 @@ INITS = ("from_softmax", "random")
 PEFT_MODULES_TO_SAVE = ["primal"]
 #: options fixed by the model's config, not by the caller.
 _FIXED = ("embed_dim", "num_heads", "causal")
+#: the options of a local-window + primal layer (:class:`~primal_attention.WindowPrimalAttention`):
+#: ``window=w`` makes every chosen layer one; ``gate_init`` needs it.
+_WINDOW_OPTIONS = ("window", "gate_init")
 
 M = TypeVar("M", bound=PreTrainedModel)
 
@@ -64,8 +68,8 @@ def _primal_option_names() -> list[str]:
     import inspect
 
     params = inspect.signature(PrimalAttention.__init__).parameters
-    return sorted(k for k, p in params.items() if k not in ("self", "embed_dim", "num_heads", *_FIXED)
-                  and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD))
+    return sorted([k for k, p in params.items() if k not in ("self", "embed_dim", "num_heads", *_FIXED)
+                   and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)] + list(_WINDOW_OPTIONS))
 
 
 def _resolved_options(options: dict[str, Any]) -> dict[str, Any]:
@@ -73,7 +77,9 @@ def _resolved_options(options: dict[str, Any]) -> dict[str, Any]:
     import inspect
 
     params = inspect.signature(PrimalAttention.__init__).parameters
-    out = {k: params[k].default for k in _primal_option_names()}
+    out = {k: params[k].default for k in _primal_option_names() if k in params}
+    if options.get("window") is not None:
+        out["gate_init"] = inspect.signature(WindowPrimalAttention.__init__).parameters["gate_init"].default
     out.update(options)
     return {k: v for k, v in out.items() if v is None or isinstance(v, (bool, int, float, str))}
 
@@ -94,7 +100,7 @@ def _warn_without_ksvd(module: nn.Module, args: tuple, kwargs: dict) -> None:
     """Forward pre-hook: warn once per model when it trains with gradients and no collector takes its terms."""
     if getattr(module, "_primal_ksvd_warned", False) or not (module.training and torch.is_grad_enabled()):
         return
-    layers = [m.primal for m in module.modules() if isinstance(m, PrimalSelfAttention)]
+    layers = [m for m in module.modules() if isinstance(m, PrimalAttention)]
     if layers and not any(is_collected(layer) for layer in layers):
         warnings.warn(NO_KSVD_WARNING, UserWarning, stacklevel=3)
         module._primal_ksvd_warned = True
@@ -129,7 +135,10 @@ def primalize(
             PrimalAttention's own init. The value projection has no counterpart and is dropped.
         primal_options: :class:`~primal_attention.PrimalAttention` keyword options (``rank``,
             ``rank_multi``, ``num_samples``, ``sampling``, ``positive_lambda``, ``impl``, ``bias``,
-            ``dropout``, ``max_seq_len``). Width, heads and causality come from the config; decoders get
+            ``dropout``, ``max_seq_len``). ``window=w`` (and optionally ``gate_init``) makes each
+            chosen layer a :class:`~primal_attention.WindowPrimalAttention`: softmax over the w nearest
+            tokens beside the primal term, gated per head; ``from_softmax`` then also copies the value
+            projection into the window, so with the gate open and N ≤ w it is the layer it replaced. Width, heads and causality come from the config; decoders get
             the causal variant. Defaults: dropout (the config's attention dropout), bias (the query
             projection's), ``sampling="valid"`` (padding never enters the sampled tokens of encoders
             nor the KSVD terms) and, for encoders, ``max_seq_len`` from the config.
@@ -158,6 +167,9 @@ def primalize(
     if unknown:
         raise ValueError(f"primalize: unknown option{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}; expected "
                          f"one of {', '.join(allowed)}")
+    window = primal_options.get("window")
+    if window is None and "gate_init" in primal_options:
+        raise ValueError("primalize: gate_init belongs to window layers; give window=w too")
     config = model.config
     architecture = architecture_of(config)
     slots = _attention_slots(model, architecture)
@@ -179,7 +191,12 @@ def primalize(
             raise ValueError("primalize: impl='reference' has no qk_transform, and this model applies RoPE; "
                              "use impl='fast' (the default)")
         resolved[str(i)] = _resolved_options(options)
-        primal = PrimalAttention(settings.embed_dim, settings.num_heads, causal=settings.causal, **options)
+        if options.get("window") is None:
+            options.pop("window", None)
+            options.pop("gate_init", None)
+            primal = PrimalAttention(settings.embed_dim, settings.num_heads, causal=settings.causal, **options)
+        else:
+            primal = WindowPrimalAttention(settings.embed_dim, settings.num_heads, causal=settings.causal, **options)
         weight = next(old.parameters())
         primal.to(device=weight.device, dtype=weight.dtype)
         if init == "from_softmax":

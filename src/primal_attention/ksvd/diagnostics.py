@@ -115,7 +115,7 @@ def ksvd_diagnostics(model: nn.Module, batch: Batch, *, per_head: bool = True) -
     model.eval()
     out: dict[str, float] = {}
     try:
-        with record_inputs(layers) as seen, ksvd_terms(model, inference=True) as terms:
+        with record_inputs(layers, model) as seen, ksvd_terms(model, inference=True) as terms:
             model(**batch.inputs)
             for key, j in terms.objectives("batch", "authors").items():
                 out[f"{key}.J_authors"] = float(j)

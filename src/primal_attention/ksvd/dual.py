@@ -488,7 +488,7 @@ def model_ksvd_distances(model: nn.Module, batch: Batch, *, method: str = "facto
     was = model.training
     model.eval()
     try:
-        with record_inputs(layers) as seen:
+        with record_inputs(layers, model) as seen:
             model(**batch.inputs)
             return {name: ksvd_distances(layer, seen[name].x, seen[name].mask, method=method).summary()
                     for name, layer in layers}

@@ -23,13 +23,20 @@ class LayerInput:
 
 
 @contextmanager
-def record_inputs(layers: Sequence[tuple[str, nn.Module]]) -> Iterator[dict[str, LayerInput]]:
+def record_inputs(layers: Sequence[tuple[str, nn.Module]], model: nn.Module | None = None) -> Iterator[dict[str, LayerInput]]:
     """Record the input of each named layer during the forwards inside the ``with`` block.
 
     Yields a dict name -> :class:`LayerInput`, filled as the model runs; a layer called more than
     once (the two towers of a dual-input model) keeps its latest call; a missing mask is recorded
-    as all True. The hooks are removed on exit.
+    as all True. The hooks are removed on exit. With ``model``: the primal branch of a
+    :class:`~primal_attention.WindowPrimalAttention` of the model (which runs that layer's op, not its
+    forward) is recorded from the window layer's calls, whose x and mask it receives.
     """
+    if model is not None:
+        from primal_attention.layers.window import WindowPrimalAttention
+
+        owners = {id(m.primal): m for m in model.modules() if isinstance(m, WindowPrimalAttention)}
+        layers = [(name, owners.get(id(layer), layer)) for name, layer in layers]
     seen: dict[str, LayerInput] = {}
     handles = []
 

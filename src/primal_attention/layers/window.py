@@ -1,7 +1,7 @@
 """Local-window softmax beside Primal-Attention in one layer: exact attention to the nearest tokens,
 the primal term for the whole sequence (or prefix), mixed per head by a learned gate.
 
-Per head h, with gate α_h = σ(a_h) and the shared output projection W_o (docs/method.md §7):
+Per head h, with gate α_h = σ(a_h) and the shared output projection W_o (docs/method.md §9):
 
     z_i,h = α_h · softmax-window_h(i) + (1 − α_h) · (C [e_i; r_i] + c)_h,    out_i = W_o merge_h(z_i,h) + b_o
 
@@ -9,7 +9,7 @@ The window branch is softmax(q kᵀ/√d) v over the keys within the window (cau
 ``window`` tokens, the query's own included; otherwise the ``window // 2`` tokens either side),
 with the primal layer's own q, k projections and a value projection of its own. The primal
 branch is :class:`~primal_attention.PrimalAttention` unchanged (``self.primal``), whose KSVD term is
-collected as every primal layer's. Training costs O(N·(w + s)) per head; decoding keeps the
+collected as every primal layer's (docs/method.md §9). Training costs O(N·(w + s)) per head; decoding keeps the
 primal running sums and a ring of the last ``window`` keys and values: constant in N.
 """
 
