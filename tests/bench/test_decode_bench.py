@@ -42,16 +42,33 @@ def test_merge_states_rejects_mixed_kinds() -> None:
 
 def test_synthetic_state_size_grows_with_context_only_for_softmax() -> None:
     sizes = {}
-    for model in ("transformer", "primalformer"):
+    for model in ("transformer", "primalformer", "window32-primalformer"):
         lm = CausalLM(CausalLMConfig(vocab_size=50, max_seq_len=300, dim=16, num_heads=2, ffn_dim=32,
-                                     attention=pattern(model, 2), attention_options={"primal": {"rank": 3}})).eval()
+                                     attention=pattern(model, 2), attention_options={"primal": {"rank": 3},
+                                                                                     "window_primal": {"rank": 3,
+                                                                                                       "window": 8}})).eval()
         sizes[model] = [synthetic_state(lm, c, 1, chunk=64).nbytes() for c in (100, 200)]
         logits, cache = lm.step(torch.tensor([3]), synthetic_state(lm, 200, 1, chunk=64))
         assert logits.shape == (1, 50) and cache.length == 201
     assert sizes["transformer"][1] == 2 * sizes["transformer"][0]
     assert sizes["primalformer"][0] == sizes["primalformer"][1]
+    assert sizes["window32-primalformer"][0] == sizes["window32-primalformer"][1]
     with pytest.raises(ValueError):
         pattern("gpt9", 2)
+
+
+def test_a_window_models_synthetic_state_is_the_state_of_one_prefill() -> None:
+    torch.manual_seed(0)
+    lm = CausalLM(CausalLMConfig(vocab_size=50, max_seq_len=300, dim=16, num_heads=2, ffn_dim=32,
+                                 attention=pattern("window32-primalformer", 2),
+                                 attention_options={"window_primal": {"rank": 3, "window": 8}})).double().eval()
+    cache = synthetic_state(lm, 70, 1, generator=torch.Generator().manual_seed(1), chunk=16)
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():  # block 0's state from its 70 inputs in one chunk
+        x = torch.cat([torch.randn(1, n, 16, generator=g, dtype=torch.float64) for n in (16, 16, 16, 16, 6)], 1)
+        whole = lm.decoder.blocks[0].attn.prefill_state(x)
+    for got, want in zip(cache.layers[0].attn, whole):
+        assert got == want if isinstance(want, int) else torch.allclose(got, want, rtol=0, atol=1e-12)
 
 
 def test_cli_decode_level_writes_table_and_json(tmp_path) -> None:

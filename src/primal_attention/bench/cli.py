@@ -53,10 +53,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"comma-separated subset of {','.join(LEVELS)},decode (decode: language-model decoding, tokens/s and "
                         "memory vs context; --seq-lens are its contexts, default 1K-64K)")
     p.add_argument("--decode-models", type=_choices(("transformer", "primal+", "primalformer", "gpt2-hf",
-                                                      "gpt2-hf-primal")),
+                                                      "gpt2-hf-primal", "window32-primalformer",
+                                                      "window128-primalformer")),
                    help="models of the decode level (default transformer,primal+,primalformer; gpt2-hf: Hugging Face "
                         "GPT-2 of the same shape with its KV cache; gpt2-hf-primal: that GPT-2 with every layer "
-                        "primalized, decoding through HF's forward and cache; both need transformers)")
+                        "primalized, decoding through HF's forward and cache; both need transformers; "
+                        "window32-primalformer / window128-primalformer: every layer window + primal)")
     p.add_argument("--seq-lens", type=_ints, help="comma-separated N, e.g. 256,1024,4096")
     p.add_argument("--batch", type=_positive_int)
     p.add_argument("--dtypes", type=_choices(DTYPES), help="fp32,bf16 (bf16 = autocast)")

@@ -44,6 +44,9 @@ HF_MODEL = "gpt2-hf"
 HF_PRIMAL_MODEL = "gpt2-hf-primal"
 HF_MODELS = (HF_MODEL, HF_PRIMAL_MODEL)
 DEFAULT_CONTEXTS = (1024, 2048, 4096, 8192, 16384, 32768, 65536)
+#: decode models beyond the paper's: every layer a window + primal layer (``window_primal``) of
+#: this window; not in the default grid.
+WINDOW_MODELS = {"window32-primalformer": 32, "window128-primalformer": 128}
 
 
 @dataclass
@@ -72,8 +75,11 @@ def pattern(model: str, layers: int) -> list[str]:
 
     if model in HF_MODELS:
         return hybrid_pattern(layers, "transformer")
+    if model in WINDOW_MODELS:
+        return ["window_primal"] * layers
     if model not in DECODE_MODELS:
-        raise ValueError(f"decode model must be one of {', '.join(DECODE_MODELS)}, got {model!r}")
+        raise ValueError(f"decode model must be one of {', '.join(DECODE_MODELS + tuple(WINDOW_MODELS))}, "
+                         f"got {model!r}")
     return hybrid_pattern(layers, model)
 
 
@@ -95,6 +101,7 @@ def synthetic_state(model, context: int, batch: int, generator=None, chunk: int 
 
     from primal_attention.layers.cache import DecodeCache, KVBuffer
     from primal_attention.layers.softmax import KVCache
+    from primal_attention.layers.window import WindowPrimalAttention
 
     p = next(model.parameters())
     cache = DecodeCache(capacity)
@@ -104,7 +111,10 @@ def synthetic_state(model, context: int, batch: int, generator=None, chunk: int 
             for start in range(0, context, chunk):
                 n = min(chunk, context - start)
                 x = torch.randn(batch, n, model.config.dim, generator=generator, dtype=p.dtype).to(p.device)
-                parts.append(block.attn.prefill_state(x))
+                if isinstance(block.attn, WindowPrimalAttention):  # a window's ring continues from the last chunk
+                    parts = [block.attn.extend(x, parts[0] if parts else None)[1]]
+                else:
+                    parts.append(block.attn.prefill_state(x))
             state = merge_states(parts)
             if isinstance(state, KVCache):
                 layer.attn = KVBuffer(capacity)
@@ -127,6 +137,8 @@ def merge_states(parts: list):
         return KVCache(torch.cat([c.k for c in parts], dim=2), torch.cat([c.v for c in parts], dim=2))
     if all(isinstance(c, PrimalState) for c in parts):
         return PrimalState(sum(c.total for c in parts), sum(c.count for c in parts))
+    if len(parts) == 1:
+        return parts[0]
     raise TypeError(f"merge_states: no rule to merge states of types {sorted({type(c).__name__ for c in parts})}")
 
 
@@ -233,7 +245,8 @@ def measure_one(cfg: DecodeConfig, model_name: str, context: int) -> dict[str, A
     model = CausalLM(CausalLMConfig(
         vocab_size=cfg.vocab_size, max_seq_len=total, dim=cfg.dim,
         num_heads=cfg.num_heads, ffn_dim=cfg.ffn_dim, attention=pattern(model_name, cfg.layers),
-        attention_options={"primal": {"rank": cfg.rank}}, dropout=0.0,
+        attention_options={"primal": {"rank": cfg.rank},
+                           "window_primal": {"rank": cfg.rank, "window": WINDOW_MODELS.get(model_name, 32)}}, dropout=0.0,
     )).to(device).eval()
     row: dict[str, Any] = {"model": model_name, "context": context, "batch": cfg.batch}
     tokens = torch.randint(0, cfg.vocab_size, (cfg.batch, cfg.warmup + cfg.new_tokens),

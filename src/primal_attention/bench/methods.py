@@ -35,6 +35,7 @@ METHODS: dict[str, MethodSpec] = {
     for m in (
         MethodSpec("primal", "primal", "primal", dict(PRIMAL_OPTIONS), primal=True),
         MethodSpec("primal_reference", "primal (reference)", "primal", {**PRIMAL_OPTIONS, "impl": "reference"}, primal=True),
+        MethodSpec("window_primal", "window 128 + primal", "window_primal", {**PRIMAL_OPTIONS, "window": 128}, primal=True),
         MethodSpec("softmax", "softmax (SDPA)", "softmax"),
         MethodSpec("softmax_materialized", "softmax (N×N)", "softmax_materialized"),
         MethodSpec("nystrom", "Nyström (64)", "nystrom", {"num_landmarks": 64}, "primal_attention.baselines"),

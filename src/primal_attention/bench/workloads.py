@@ -112,12 +112,11 @@ def build(case: Case, seed: int = 0) -> Callable[[], None]:
         return _build_authors(case, device, gen)
     if case.level == "layer":
         from primal_attention.layers import build_attention
-        from primal_attention.layers import PrimalAttention
 
         layer = build_attention(spec.attention, case.dim, case.heads, max_seq_len=case.seq_len, **spec.options)
         layer = layer.to(device).train()
         x = torch.randn(case.batch, case.seq_len, case.dim, generator=gen).to(device).requires_grad_(True)
-        is_primal = isinstance(layer, PrimalAttention)
+        is_primal = spec.primal
         # one collector for the whole benchmark, opened here (a handle): each step consumes its term
         terms = ksvd_terms(layer) if is_primal else None
 
