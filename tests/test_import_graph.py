@@ -75,3 +75,19 @@ def test_the_package_has_no_import_circle() -> None:
 
 def test_a_circle_is_found() -> None:
     assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_the_studies_sit_on_top_and_the_scripts_are_entry_points() -> None:
+    """The library never imports the studies; scripts/ holds entry points and small tools, and nothing in
+    scripts/ or tests/ loads code by path."""
+    graph = import_graph()
+    library = {m: deps for m, deps in graph.items() if not m.startswith("primal_attention.studies")}
+    assert not [m for m, deps in library.items() if any(d.startswith("primal_attention.studies") for d in deps)]
+    assert {"primal_attention.studies.sweeps", "primal_attention.studies.comparison"} <= set(graph)
+    root = SRC.parent
+    scripts = sorted((root / "scripts").glob("*.py"))
+    assert sum(len(p.read_text().splitlines()) for p in scripts) < 1000
+    by_path = ("sys.path.insert", "spec_from_file_location", "syspath_prepend")
+    offenders = [str(p.relative_to(root)) for p in [*scripts, *(root / "tests").rglob("*.py")]
+                 if p.name != "test_import_graph.py" and any(s in p.read_text() for s in by_path)]
+    assert offenders == []

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,12 +12,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def study():
-    spec = importlib.util.spec_from_file_location("results_ksvd", ROOT / "scripts" / "results_ksvd.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up while being defined
-    spec.loader.exec_module(module)
-    yield module
-    del sys.modules[spec.name]
+    from primal_attention.studies import ksvd
+
+    yield ksvd
 
 
 LAYERS = ("encoder.blocks.0.attn", "encoder.blocks.1.attn")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -11,9 +10,7 @@ from pathlib import Path
 import pytest
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_compare.py"
-spec = importlib.util.spec_from_file_location("bench_compare", SCRIPT)
-bench_compare = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(bench_compare)
+from primal_attention.studies import bench_compare  # noqa: E402
 
 
 def run(folder: Path, times: dict[tuple[str, int], float], failed: tuple[str, int] | None = None) -> Path:

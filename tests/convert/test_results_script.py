@@ -3,9 +3,7 @@ one-seed classifier grid runs, stores its cells and is not run again."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,11 +14,9 @@ UEA_TINY = ["data.max_examples=60", "model.dim=16", "model.num_heads=2", "model.
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("results_convert", ROOT / "scripts" / "results_convert.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    from primal_attention.studies import conversion
+
+    return conversion
 
 
 def test_page_renders_without_runs(tmp_path) -> None:

@@ -3,19 +3,14 @@ environment whose card this machine lacks."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _script(monkeypatch, page: Path):
-    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
-    spec = importlib.util.spec_from_file_location("results_rl_under_test", ROOT / "scripts" / "results_rl.py")
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, spec.name, module)
-    spec.loader.exec_module(module)
+    from primal_attention.studies import rl as module
+
     monkeypatch.setattr(module, "PAGE", page)
     return module
 

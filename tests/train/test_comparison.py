@@ -1,11 +1,11 @@
-"""train/comparison: the tuned sections of the results pages, read from sweep stores."""
+"""studies/comparison: the tuned sections of the results pages, read from sweep stores."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from primal_attention.train.comparison import Entry, at_grid_edge, below_baseline, clears_baseline, outcome, tuned_section
+from primal_attention.studies.comparison import Entry, at_grid_edge, below_baseline, clears_baseline, outcome, tuned_section
 from primal_attention.train.sweep import Sweep, point_name
 
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "uea" / "JapaneseVowels_primal+.yaml"
@@ -99,7 +99,7 @@ def test_a_choice_at_the_edge_of_a_finished_grid_is_flagged(tmp_path: Path) -> N
 
 
 def test_a_verdict_is_read_against_the_papers_claim() -> None:
-    from primal_attention.train.comparison import verdict_against_claim
+    from primal_attention.studies.comparison import verdict_against_claim
 
     assert verdict_against_claim("better", "better") == "reproduced (better)"
     assert verdict_against_claim("within noise", "parity") == "reproduced (parity)"

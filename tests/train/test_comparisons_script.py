@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 from primal_attention.train.sweep import point_name
@@ -13,10 +11,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _script(monkeypatch, store: Path):
-    spec = importlib.util.spec_from_file_location("sweep_comparisons_under_test", ROOT / "scripts" / "sweep_comparisons.py")
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, spec.name, module)
-    spec.loader.exec_module(module)
+    from primal_attention.studies import sweeps as module
+
     monkeypatch.setattr(module, "STORE", store)
     monkeypatch.setattr(module, "WORK", store / "work")
     monkeypatch.setattr(module, "COMPARISONS", {"uea/JapaneseVowels": ["uea/JapaneseVowels_transformer"]})

@@ -3,22 +3,17 @@ runs' table stays labelled as shared lr either way."""
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
 from pathlib import Path
 
-from primal_attention.train.comparison import Entry, Outcome
+from primal_attention.studies.comparison import Entry, Outcome
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _script(monkeypatch):
-    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
-    spec = importlib.util.spec_from_file_location("results_lm_under_test", ROOT / "scripts" / "results_lm.py")
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, spec.name, module)
-    spec.loader.exec_module(module)
+    from primal_attention.studies import lm as module
+
     monkeypatch.setattr(module.tuned, "section", lambda comparison: ["(the tuned table)"])
     return module
 

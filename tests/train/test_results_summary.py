@@ -3,9 +3,7 @@ used, and the earlier verdicts against the earlier data's."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -13,11 +11,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _summary(monkeypatch, tmp: Path):
     monkeypatch.setenv("PRIMAL_ATTENTION_CACHE", str(tmp / "cache"))
-    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
-    spec = importlib.util.spec_from_file_location("results_summary_under_test", ROOT / "scripts" / "results_summary.py")
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, spec.name, module)
-    spec.loader.exec_module(module)
+    from primal_attention.studies import summary as module
+
     monkeypatch.setattr(module.tuned, "COLLECTED_BEHAVIOUR", tmp / "rl_collected_behaviour.json")
     return module
 

@@ -1,0 +1,264 @@
+"""Regenerate docs/results/rl.md: DT vs Primal.+DT on D4RL-style datasets collected here.
+
+D4RL's files cannot be downloaded here; ``primal data collect-rl ENV`` collects the same kind of
+datasets with SAC in the real MuJoCo environments. This script runs every (dataset, model, seed)
+whose dataset is collected and whose metrics are not stored yet (``docs/results/rl_runs/<config>/
+seed_<k>.json``; interrupted runs continue from ``runs/results_rl``), on the CPU schedule below,
+then writes the page with the collection cards.
+
+Several workers may share the grid (claim files in ``runs/results_rl/claims``; delete that folder to
+re-claim after a crash).
+
+    .venv/bin/python scripts/results_rl.py                 # every collected dataset x 2 models x 3 seeds
+    .venv/bin/python scripts/results_rl.py --envs hopper --datasets medium,medium-replay
+    .venv/bin/python scripts/results_rl.py --table-only    # rewrite the page from stored runs
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from dataclasses import asdict
+
+from primal_attention.studies import sweeps as tuned
+
+from primal_attention.data.cache import cache_dir
+from primal_attention.data.rl import DATASETS, D4RL_SCORES
+from primal_attention.train.experiments import claim, run_stored, stored
+from primal_attention.train.stats import value_cell
+from primal_attention.studies.paths import ROOT
+
+RUNS = ROOT / "docs" / "results" / "rl_runs"
+WORK = ROOT / "runs" / "results_rl"
+PAGE = ROOT / "docs" / "results" / "rl.md"
+MODELS = {"dt": "DT", "primal+": "Primal.+DT"}
+#: the CPU schedule: what differs from the paper's settings in configs/rl/*.yaml.
+CPU_SCHEDULE = ["model.dim=128", "model.ffn_dim=512", "train.batch_size=32", "train.steps=1000",
+                "optim.warmup_steps=100", "train.eval_every=500", "data.options.eval_episodes=5", "train.threads=1",
+                "train.progress=false"]
+
+
+def cards() -> dict[str, dict]:
+    out = {}
+    for env in D4RL_SCORES:
+        path = cache_dir("rl") / f"{env}-seed0-card.json"
+        if path.is_file():
+            out[env] = json.loads(path.read_text())
+    return out
+
+
+BEHAVIOUR = ROOT / "docs" / "results" / "baselines" / "rl_behaviour.json"
+
+
+def write_behaviour_baseline(cs: dict[str, dict]) -> None:
+    """The trivial baseline of offline RL: the behaviour policy, i.e. the D4RL-normalised mean return of
+    each dataset's own episodes (from the collection cards), and its mean over the datasets the
+    comparison uses; kept in docs/results/baselines for the summary page."""
+    scores = {f"{env}-{name}": card["datasets"][name]["score_mean"] for env, card in cs.items()
+              for name in DATASETS if name in card["datasets"]}
+    if len(scores) != len(D4RL_SCORES) * len(DATASETS):
+        return
+    BEHAVIOUR.parent.mkdir(parents=True, exist_ok=True)
+    BEHAVIOUR.write_text(json.dumps({"source": "collection cards (primal data collect-rl, seed 0)", "per_dataset": scores,
+                                     "baselines": {"behaviour": {"what": "the datasets' own episodes (mean D4RL-normalised "
+                                                                         "return), averaged over the 9 datasets",
+                                                                 "test_score": [statistics.mean(scores.values())]}}},
+                                    indent=2) + "\n")
+
+
+def collect_command(card: dict) -> str:
+    """The ``primal data collect-rl`` command that made a card's datasets: the options that differ from the
+    defaults (the card's own record of its settings)."""
+    from primal_attention.data.rl_collect import CollectConfig
+
+    defaults = asdict(CollectConfig(env=card["env"]))
+    flags = [f"--{key.replace('_', '-')} {f'{value:g}' if isinstance(value, float) else value}"
+             for key, value in card.get("config", {}).items()
+             if key not in ("env", "threads", "rollout_envs") and key in defaults and value != defaults[key]]
+    return " ".join(["primal data collect-rl", card["env"], *flags])
+
+
+#: the bold header of an environment's earlier collection, kept on the page once the data are collected again.
+EARLIER = "{env}, earlier collection"
+
+
+def kept_card_sections() -> dict[str, str]:
+    """The page's own record of each environment's collection (its "**env** ..." paragraph and table), and of
+    an earlier collection kept beside it ("**env, earlier collection** ..."), keyed by the bold header."""
+    old = PAGE.read_text() if PAGE.is_file() else ""
+    text = old.split("## Collected datasets\n", 1)[1] if "## Collected datasets\n" in old else ""
+    headers = set(D4RL_SCORES) | {EARLIER.format(env=env) for env in D4RL_SCORES}
+    out: dict[str, str] = {}
+    for block in text.split("\n**"):
+        block = block.strip().removeprefix("**")
+        header = block.split("**", 1)[0]
+        if header in headers:
+            out[header] = f"**{block}".strip()
+    return out
+
+
+def _table(section: str) -> list[str]:
+    return [line for line in section.splitlines() if line.startswith("| ")]
+
+
+def card_sections(env: str, card: dict | None, kept: dict[str, str]) -> list[str]:
+    """An environment's collection record(s) on the page: the card in this machine's cache (else the page's
+    own record), and the earlier collection's record where the data were collected again and differ from it
+    (SAC need not retrace a collection): the previous runs used that earlier data."""
+    earlier = EARLIER.format(env=env)
+    if card is None:
+        return [kept[h] for h in (env, earlier) if h in kept]
+    med = card["medium_policy"]
+    lines = [f"**{env}** ({card['gymnasium_env']}, seed {card['seed']}; `{collect_command(card)}`): "
+             f"SAC {card['sac']['steps']} steps "
+             f"({card['sac']['cpu_seconds'] / 60:.0f} CPU min); medium policy at {med['steps']} steps (eval return "
+             f"{med['return']:.0f}, target {med['target']:.0f}{'' if med['reached'] else ', not reached'}); "
+             f"\"expert\" at {card['expert_policy']['steps']} steps (eval return {card['expert_policy']['return']:.0f}; "
+             f"D4RL's expert reference {card['d4rl_reference_returns']['expert']:.0f}).", "",
+             "| dataset | transitions | episodes | return mean ± std | min | max | normalised score |", "|---|---|---|---|---|---|---|"]
+    for name, d in card["datasets"].items():
+        lines.append(f"| {name} | {d['transitions']} | {d['episodes']} | {d['return_mean']:.0f} ± {d['return_std']:.0f} | "
+                     f"{d['return_min']:.0f} | {d['return_max']:.0f} | {d['score_mean']:.1f} |")
+    current = "\n".join(lines)
+    if earlier in kept:
+        return [current, kept[earlier]]
+    if env in kept and _table(kept[env]) != _table(current):
+        body = kept[env].removeprefix(f"**{env}**")
+        return [current, f"**{earlier}** (the data of the previous runs; this machine collected {env} again, "
+                         f"and SAC did not retrace it){body}"]
+    return [current]
+
+
+def collected(env: str, dataset: str) -> bool:
+    return (cache_dir("rl") / f"{env}-{dataset}-seed0.npz").is_file()
+
+
+def average_rows() -> list[str]:
+    """Per model, the normalised score averaged over every dataset with runs (the paper's summary
+    figure): per seed the mean over the datasets that seed finished on all of them, then mean ± std
+    over those seeds."""
+    rows = []
+    for key, label in MODELS.items():
+        per_dataset = {f"{env}-{ds}": {r["seed"]: r for r in stored(RUNS / f"{env}-{ds}_{key}")}
+                       for env in D4RL_SCORES for ds in DATASETS}
+        per_dataset = {k: v for k, v in per_dataset.items() if v}
+        if not per_dataset:
+            continue
+        seeds = sorted(set.intersection(*(set(v) for v in per_dataset.values())))
+        if not seeds:
+            continue
+        cells = [value_cell([statistics.mean(v[s][field] for v in per_dataset.values()) for s in seeds], 1)
+                 for field in ("test_score", "best_test_score", "final_test_score")]
+        rows.append(f"| **average over {len(per_dataset)} datasets** | {label} | {len(seeds)} | " + " | ".join(cells) + " | – |")
+    return rows
+
+
+def tuned_lines() -> list[str]:
+    """Each dataset's tuned comparison (per-model lr swept, selected on validation rollouts) that has begun,
+    the average over the datasets once all are done, and what is not rerun yet."""
+    lines = ["## Tuned comparison: per-model learning rate (validation rollouts select)", "",
+             "Each dataset: `scripts/sweep_comparisons.py --only rl/<env>-<dataset>` (the CPU schedule above, each dataset collected first; "
+             "the trivial baseline is the behaviour policy, the dataset's own episodes, read from the card of the data "
+             "these runs used). A dataset collected again need not retrace the collection behind the earlier runs "
+             "below (SAC did not retrace it for hopper here), so compare a tuned row with an earlier one only "
+             "through each one's behaviour baseline.", ""]
+    for d in tuned.RL_DATASETS:
+        if tuned.progress(f"rl/{d}") != "not started":
+            lines += [f"### {d}", "", *tuned.section(f"rl/{d}"), ""]
+    average = tuned.rl_average()
+    if average:
+        lines += [f"**Average over the {len(tuned.RL_DATASETS)} datasets** (per final seed, then mean ± std): "
+                  + "; ".join(f"{label} {value_cell(v, 1)}" for label, v in average.items()) + ".", ""]
+    return lines + tuned.not_rerun_note({d: f"rl/{d}" for d in tuned.RL_DATASETS})
+
+
+def write_page() -> None:
+    lines = [
+        "# Offline RL: DT vs Primal.+DT on D4RL-style MuJoCo datasets collected here",
+        "",
+        "Regenerate: `primal data collect-rl ENV --expert-steps 200000` per environment (the budget of the",
+        "datasets below; each environment's line gives its command where its card records it), then `.venv/bin/python scripts/results_rl.py`",
+        "(resumable; `--table-only` rewrites this page from `docs/results/rl_runs/`). Configs:",
+        "`configs/rl/<env>-<dataset>_{dt,primal+}.yaml` (the authors' settings), run with the CPU schedule below.",
+        "",
+        "**Data (collected here, not D4RL's files):** SAC (stable-baselines3 defaults, 10k random steps first)",
+        "in gymnasium's v5 MuJoCo environments, D4RL's recipe: the medium policy is the first one whose",
+        "evaluation reaches a third of D4RL's expert reference return; `medium` = its rollouts (stochastic",
+        "actions), `medium-replay` = SAC's replay buffer up to then, `medium-expert` = medium + rollouts of the",
+        "policy at the end of the SAC budget (the \"expert\", which on this CPU budget is below D4RL's expert).",
+        "",
+        "**Model and schedule:** the paper's DT is 3 layers, D 256, H 4, K 20, 100k steps of batch 64; one such",
+        "step takes about 1.5 s on one core of this machine, so the runs here use a **CPU schedule**: "
+        + ", ".join(f"`{s}`" for s in CPU_SCHEDULE[:-2]) + " (AdamW lr 1e-3, wd 1e-4, clip 0.25,",
+        "ReLU, dropout 0.1, K 20 as the paper; Primal.+DT: last layer causal primal with the authors' s per",
+        "dataset, η 0.05). Evaluation: rollouts in the environment conditioned on the authors' target return",
+        "(hopper 3600, halfcheetah 12000, walker2d 5000), D4RL-normalised; validation rollouts (env seeds",
+        "10000+) select the evaluation, TEST rollouts (env seeds 20000+) are run with those weights (holdout);",
+        "the best TEST over the evaluations is shown beside it (the authors' protocol). Mean ± sample std over",
+        "seeds (n = seeds finished).",
+        "",
+        *tuned_lines(),
+        "## Previous runs: shared lr", "",
+        "One learning rate (the configs' 1e-3) for every model. Kept so the change is visible.", "",
+        "| dataset | model | n | test score (val-selected) | best test score (authors') | final test score | train time / run (s) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    missing = []
+    for env in D4RL_SCORES:
+        for ds in DATASETS:
+            for key, label in MODELS.items():
+                rs = stored(RUNS / f"{env}-{ds}_{key}")
+                if len(rs) < 3:
+                    missing.append(f"{env}-{ds} {label}: {3 - len(rs)} of 3 seeds")
+                if not rs:
+                    continue
+                wall = f"{statistics.mean(r['wall_time_s'] for r in rs):.0f}"
+                lines.append(f"| {env}-{ds} | {label} | {len(rs)} | {value_cell([r['test_score'] for r in rs], 1)} | "
+                             f"{value_cell([r['best_test_score'] for r in rs], 1)} | {value_cell([r['final_test_score'] for r in rs], 1)} | {wall} |")
+    lines += average_rows()
+    lines += ["", "**Runs not done** (CPU budget): " + ("; ".join(missing) if missing else "none") + ".", "",
+              "For comparison only, on D4RL's own datasets (a different, larger collection; full schedule): the paper",
+              "reports an average normalised score over the 9 datasets of 72.2 for DT and 77.5 for Primal.+DT.", "",
+              "## Collected datasets", ""]
+    cs = cards()
+    write_behaviour_baseline(cs)
+    # The cards live in the data cache; for an environment whose card this machine lacks, the page keeps
+    # its own record of it.
+    kept = kept_card_sections()
+    if not cs and not kept:
+        lines.append("*(no collection card in this machine's cache)*")
+    for env in D4RL_SCORES:
+        for section in card_sections(env, cs.get(env), kept):
+            lines += [section, ""]
+    PAGE.parent.mkdir(parents=True, exist_ok=True)
+    PAGE.write_text("\n".join(lines) + "\n")
+    print(f"wrote {PAGE}")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--envs", default=",".join(D4RL_SCORES))
+    p.add_argument("--datasets", default=",".join(DATASETS))
+    p.add_argument("--models", default=",".join(MODELS))
+    p.add_argument("--seeds", default="0,1,2")
+    p.add_argument("--table-only", action="store_true")
+    args = p.parse_args()
+    if not args.table_only:
+        for seed in [int(s) for s in args.seeds.split(",")]:
+            for env in args.envs.split(","):
+                for ds in args.datasets.split(","):
+                    if not collected(env, ds):
+                        continue
+                    for model in args.models.split(","):
+                        config = f"{env}-{ds}_{model}"
+                        store = RUNS / config / f"seed_{seed}.json"
+                        if store.is_file() or not claim(WORK / "claims", f"{config}-seed_{seed}"):
+                            continue
+                        run_stored(ROOT / "configs" / "rl" / f"{config}.yaml", store, WORK / config, seed, CPU_SCHEDULE)
+                        write_page()
+    write_page()
+
+
+if __name__ == "__main__":
+    main()
