@@ -53,9 +53,22 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from primal_attention.provenance import shown_path
 from primal_attention.studies.comparison import clears_baseline
 from primal_attention.train.experiments import run_stored
 from primal_attention.train.stats import value_cell
+
+
+def _committed(obj):
+    """A record as committed: every absolute path inside the repository written relative to it (the
+    records name no path of the machine that made them)."""
+    if isinstance(obj, dict):
+        return {k: _committed(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_committed(v) for v in obj]
+    if isinstance(obj, str):
+        return obj.replace(f"{ROOT}/", "")
+    return obj
 from primal_attention.studies.paths import ROOT
 
 LAYERS = {"last": "last layer (Primal.+Trans.)", "all": "all layers (PrimalFormer)"}
@@ -190,12 +203,12 @@ class Study:
             run_dir = trained
             if not store.is_file():
                 metrics = json.loads((trained / "metrics.json").read_text())
-                metrics["command"] = shlex.join(["primal", "train", str(task.original), "--out", str(trained.parent),
+                metrics["command"] = shlex.join(["primal", "train", str(task.original), "--out", shown_path(trained.parent),
                                                  "--seeds", str(seed), "--resume"]
                                                 + [x for o in task.overrides for x in ("--set", o)])
                 metrics["trained_by"] = "scripts/sweep_comparisons.py --only lm/corpora-4x (its final seeds)"
                 store.parent.mkdir(parents=True, exist_ok=True)
-                store.write_text(json.dumps(metrics, indent=2))
+                store.write_text(json.dumps(_committed(metrics), indent=2))
             return json.loads(store.read_text()), run_dir
         if not store.is_file() or (weights and not (run_dir / "metrics.json").is_file()):
             print(f"[{task.name}] original seed {seed}: training {config.name} -> {run_dir}", flush=True)
@@ -248,12 +261,12 @@ class Study:
             model = load_run(out).model
             report["window_alpha"] = [m.alpha.tolist() for m in model.modules() if isinstance(m, WindowPrimalAttention)]
         report["command"] = shlex.join(
-            ["primal", "convert", str(run_dir), "--out", str(out), "--layers", layers, "--transfer-steps",
+            ["primal", "convert", shown_path(run_dir), "--out", shown_path(out), "--layers", layers, "--transfer-steps",
              str(options.transfer_steps), "--finetune-steps", str(options.finetune_steps), "--eta", repr(eta),
              "--set", f"eval_every={options.eval_every}", "--set", f"warmup_steps={options.warmup_steps}",
              "--set", f"seed={seed}"] + [x for k, v in primal.items() for x in ("--set", f"primal.{k}={v}")])
         store.parent.mkdir(parents=True, exist_ok=True)
-        store.write_text(json.dumps(report, indent=2))
+        store.write_text(json.dumps(_committed(report), indent=2))
         return report
 
     def scratch(self, task: Task, key: str, seed: int) -> dict:
