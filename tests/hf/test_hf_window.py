@@ -84,6 +84,25 @@ def test_a_padding_free_packed_batch_equals_its_documents_alone() -> None:
     torch.testing.assert_close(got, want, rtol=0, atol=1e-9)
 
 
+def test_flash_attention_cu_seqlens_mark_the_documents_of_a_packed_row(monkeypatch) -> None:
+    from primal_attention.ops.segments import segments_from_cu_seqlens
+
+    assert segments_from_cu_seqlens(torch.tensor([0, 2, 5, 6]), 6).tolist() == [[0, 0, 1, 1, 1, 2]]
+    with pytest.raises(ValueError, match="must rise from 0"):
+        segments_from_cu_seqlens(torch.tensor([0, 4, 3]), 3)
+    _, model = windowed("llama", window=2)
+    docs = [tokens(1, n, seed=n)[0] for n in (4, 6, 3)]
+    ids = torch.cat(docs)[None]
+    positions = torch.cat([torch.arange(len(d)) for d in docs])[None]
+    cu = torch.tensor([0, 4, 10, 13], dtype=torch.int32)
+    monkeypatch.setattr(hf.attention, "packed_segments", lambda *args: None)  # the documents from cu_seqlens only
+    with torch.no_grad():  # position ids give RoPE its restarts; cu_seq_lens_q alone marks the documents
+        got = model(input_ids=ids, position_ids=positions, cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=6,
+                    max_length_k=6, use_cache=False).logits[0]
+        want = torch.cat([model(input_ids=d[None], use_cache=False).logits[0] for d in docs])
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-9)
+
+
 def test_save_and_load_keep_the_window_layers(tmp_path) -> None:
     from transformers import GPT2LMHeadModel
 

@@ -20,6 +20,7 @@ from primal_attention.hf.cache import primal_cache_layer
 from primal_attention.hf.architectures import RotaryFn
 from primal_attention.layers.primal import PrimalAttention, QKTransform
 from primal_attention.layers.window import WindowPrimalAttention
+from primal_attention.ops.segments import segments_from_cu_seqlens
 
 
 def packed_segments(position_ids: Any, query_length: int) -> Tensor | None:
@@ -145,6 +146,10 @@ class PrimalSelfAttention(nn.Module):
         x = hidden_states
         n = x.shape[1]
         segments = packed_segments(kwargs.get("position_ids"), n) if self.primal.causal else None
+        cu_seqlens = kwargs.get("cu_seq_lens_q")
+        if segments is None and self.primal.causal and isinstance(cu_seqlens, Tensor) and x.shape[0] == 1 \
+                and cu_seqlens.numel() > 2:  # flash-attention's packed batch: one row, cumulative document lengths
+            segments = segments_from_cu_seqlens(cu_seqlens, n)
         real = padding_mask(attention_mask, n, causal=self.primal.causal, segments=segments)
         if segments is not None and real is not None:
             segments = None  # left padding (position ids restarting at the first real token), not packing
