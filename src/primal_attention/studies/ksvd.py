@@ -300,7 +300,7 @@ def load_cells(store: Path) -> tuple[dict[str, Cell], dict[str, Cell]]:
 
 
 @dataclass(frozen=True)
-class Comparison:
+class DistanceComparison:
     """Run ``a`` against run ``b`` on every distance: metric -> Welch difference and its word."""
 
     dataset: str
@@ -330,7 +330,7 @@ class Comparison:
         return "closer" if "closer" in words else "farther" if "farther" in words else "within noise"
 
 
-def compare(dataset: str, title: str, a: str, b: str, runs: dict[str, Cell]) -> Comparison | None:
+def compare(dataset: str, title: str, a: str, b: str, runs: dict[str, Cell]) -> DistanceComparison | None:
     """Welch 95 % differences a − b of the final values over seeds (None while either side has no run);
     token-space distances are left out where s ≥ L makes them trivial on either side."""
     ca, cb = runs[a], runs[b]
@@ -343,7 +343,7 @@ def compare(dataset: str, title: str, a: str, b: str, runs: dict[str, Cell]) -> 
         va, vb = ca.values(m.key), cb.values(m.key)
         if va and vb:
             diffs[m.key] = welch_difference(va, vb, maximize=not m.lower_is_closer)
-    return Comparison(dataset, title, a, b, diffs)
+    return DistanceComparison(dataset, title, a, b, diffs)
 
 
 #: The questions of the issue: the authors' η − η 0, 10× − η 0, 10× − the authors' η, and 4× steps − the
@@ -351,9 +351,9 @@ def compare(dataset: str, title: str, a: str, b: str, runs: dict[str, Cell]) -> 
 QUESTIONS = ("regulariser", "larger", "larger_vs_authors", "longer")
 
 
-def comparisons(runs: dict[str, Cell]) -> dict[str, list[Comparison]]:
+def comparisons(runs: dict[str, Cell]) -> dict[str, list[DistanceComparison]]:
     """Per question of :data:`QUESTIONS`, the comparison in every setting that has both runs stored."""
-    out: dict[str, list[Comparison]] = {q: [] for q in QUESTIONS}
+    out: dict[str, list[DistanceComparison]] = {q: [] for q in QUESTIONS}
     for setting in SETTINGS:
         named = {r.eta: r.name for r in RUNS if r.setting is setting and not r.suffix}
         zero, authors, ten = (named[e] for e in setting.dataset.etas)
@@ -372,7 +372,7 @@ def reaches(cell: Cell) -> bool:
     return all(near(k, statistics.mean(cell.values(k))) for k in keys if cell.values(k))
 
 
-def answer(question: list[Comparison], runs: dict[str, Cell]) -> str:
+def answer(question: list[DistanceComparison], runs: dict[str, Cell]) -> str:
     """One word per question over its settings: "yes" (closer everywhere and at the solution), "toward it, not
     to it" (closer everywhere, at the solution nowhere), "no" (closer nowhere), "partly" (otherwise)."""
     done = [c for c in question if c.overall != "no interval"]
@@ -418,7 +418,7 @@ def table(dataset: Dataset, runs: dict[str, Cell], inits: dict[str, Cell]) -> li
     return lines
 
 
-def _difference_cell(c: Comparison, metric: Metric) -> str:
+def _difference_cell(c: DistanceComparison, metric: Metric) -> str:
     d, digits = c.differences[metric.key], metric.digits
     diff = _number(d.diff, digits, "+")
     if math.isnan(d.low):
@@ -426,7 +426,7 @@ def _difference_cell(c: Comparison, metric: Metric) -> str:
     return f"{diff} [{_number(d.low, digits, '+')}, {_number(d.high, digits, '+')}] {c.word(metric.key)}"
 
 
-def comparison_rows(found: dict[str, list[Comparison]], dataset: Dataset) -> list[str]:
+def comparison_rows(found: dict[str, list[DistanceComparison]], dataset: Dataset) -> list[str]:
     keys = [m for m in METRICS if m.key not in ("captured_optimal", "captured_learned")]
     head = ["runs (a − b)", *(m.label for m in keys), "overall"]
     lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
@@ -524,10 +524,10 @@ def missing(store: Path) -> list[str]:
     return out
 
 
-def verdict(found: dict[str, list[Comparison]], runs: dict[str, Cell]) -> list[str]:
+def verdict(found: dict[str, list[DistanceComparison]], runs: dict[str, Cell]) -> list[str]:
     words = {q: answer(items, runs) for q, items in found.items()}
 
-    def per_setting(items: list[Comparison]) -> str:
+    def per_setting(items: list[DistanceComparison]) -> str:
         return "; ".join(f"{c.title}: {c.overall}" for c in items) or "no pair measured yet"
 
     return [
@@ -554,7 +554,7 @@ def verdict(found: dict[str, list[Comparison]], runs: dict[str, Cell]) -> list[s
     ]
 
 
-def cross_check(found: dict[str, list[Comparison]], runs: dict[str, Cell]) -> list[str]:
+def cross_check(found: dict[str, list[DistanceComparison]], runs: dict[str, Cell]) -> list[str]:
     """The spectrum page's verdict against the exact solution: J → 0 with the regulariser, scaled
     residuals ≈ 1 with or without it, and hence trained layers that are not KSVD solutions."""
     lines = ["## Cross-check of the spectrum page", "",
