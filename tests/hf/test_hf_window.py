@@ -73,6 +73,26 @@ def test_generate_with_a_window_cache_equals_the_full_forward_and_its_state_is_c
     assert sizes[0] == sizes[1]
 
 
+def test_the_fused_decode_plan_gives_the_same_tokens_and_is_counted() -> None:
+    torch.manual_seed(0)
+    model = BUILD["gpt2"]().double().eval()
+    hf.primalize(model, layers="all", window=3, decode_plan=True, **RANK)
+    prompt = tokens(2, 5)
+    model.generation_config.eos_token_id = None
+    with torch.no_grad():
+        out = model.generate(prompt, max_new_tokens=6, do_sample=False, use_cache=True, return_dict_in_generate=True,
+                             output_logits=True)
+        full = model(out.sequences).logits
+    torch.testing.assert_close(torch.stack(out.logits, 1), full[:, 4:-1].float(), rtol=0, atol=1e-6)
+    cache = DynamicCache(config=model.config)
+    with torch.no_grad():
+        model(input_ids=prompt, cache=cache, use_cache=True)
+        before = hf.cache_nbytes(cache)
+        model(input_ids=prompt[:, :1], cache=cache, use_cache=True)  # one token: the plans are built and kept
+    assert all(layer.plan is not None for layer in cache.layers)
+    assert hf.cache_nbytes(cache) > before
+
+
 def test_a_padding_free_packed_batch_equals_its_documents_alone() -> None:
     _, model = windowed("llama", window=2)
     docs = [tokens(1, n, seed=n)[0] for n in (4, 6, 3)]

@@ -285,9 +285,10 @@ class Study:
             for key in task.arms:
                 for arm in task.recipes:
                     out.append((f"{task.name}-{key}_{arm}-{seed}", (self.conversion, task, key, arm, seed)))
-        for seed in self.seeds(task):
-            for key in task.arms:
-                out.append((f"{task.name}-scratch_{key}-{seed}", (self.scratch, task, key, seed)))
+        if not self.args.no_scratch:
+            for seed in self.seeds(task):
+                for key in task.arms:
+                    out.append((f"{task.name}-scratch_{key}-{seed}", (self.scratch, task, key, seed)))
         return out
 
     def run(self) -> None:
@@ -606,6 +607,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--results", default=str(ROOT / "docs" / "results"), help="where convert_runs/ and convert.md go")
     p.add_argument("--work", default=str(ROOT / "runs" / "results_convert"), help="run folders and checkpoints")
     p.add_argument("--table-only", action="store_true")
+    p.add_argument("--no-scratch", action="store_true", help="run the originals and conversions only, not the "
+                   "(longer) from-scratch cells")
     p.add_argument("--decode", action="store_true", help="measure decoding at 4K-64K into <results>/convert/decode.json")
     p.add_argument("--decode-contexts", default="4096,8192,16384,32768,65536",
                    type=lambda s: [int(x) for x in s.split(",")])
