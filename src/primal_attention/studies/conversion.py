@@ -561,14 +561,17 @@ class Study:
         lines = ["## Decoding cost of the converted LMs", "",
                  "A conversion keeps the architecture of the scratch models (4 layers, D 128, H 4, s 30), so its decode",
                  "cost is theirs: the original decodes with a KV cache, the last-layer conversion with three KV caches",
-                 "and one O(1) primal state, the all-layer conversion with O(1) state only. Measured by `primal bench",
+                 "and one O(1) primal state, the all-layer conversion with O(1) state only, the window conversions with",
+                 "the primal state and a ring of the last w keys and values per layer. Measured by `primal bench",
                  "--level decode` (batch 1, fp32, one CPU thread, random weights of the same shapes; the trained",
                  "models have learned positions up to 128 tokens, so they cannot be decoded at these contexts",
                  f"themselves). Source: `{path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}`.", ""]
         if not path.is_file():
             return lines + ["*(not measured yet: run with `--decode`)*", ""]
         rows = [r for r in json.loads(path.read_text())["rows"] if r["context"] >= 4096]
-        names = {"transformer": "original (softmax)", "primal+": "last layer converted", "primalformer": "all layers converted"}
+        names = {"transformer": "original (softmax)", "primal+": "last layer converted", "primalformer": "all layers converted",
+                 "window32-primalformer": "all layers window 32 + primal", "window128-primalformer": "all layers window 128 + primal"}
+        names = {k: v for k, v in names.items() if any(r["model"] == k for r in rows)}
         contexts = sorted({r["context"] for r in rows})
         lines += ["| model | quantity | " + " | ".join(f"{c // 1024}K" for c in contexts) + " |",
                   "|---|---|" + "---|" * len(contexts)]
@@ -585,7 +588,9 @@ class Study:
     def measure_decode(self) -> None:
         from primal_attention.bench.decode import DecodeConfig, run_decode, write_outputs
 
-        result = run_decode(DecodeConfig(contexts=tuple(self.args.decode_contexts)))
+        from primal_attention.bench.decode import DECODE_MODELS, WINDOW_MODELS
+
+        result = run_decode(DecodeConfig(models=DECODE_MODELS + tuple(WINDOW_MODELS), contexts=tuple(self.args.decode_contexts)))
         write_outputs(result, self.results / "convert")
 
 
@@ -609,8 +614,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--table-only", action="store_true")
     p.add_argument("--no-scratch", action="store_true", help="run the originals and conversions only, not the "
                    "(longer) from-scratch cells")
-    p.add_argument("--decode", action="store_true", help="measure decoding at 4K-64K into <results>/convert/decode.json")
-    p.add_argument("--decode-contexts", default="4096,8192,16384,32768,65536",
+    p.add_argument("--decode", action="store_true", help="measure decoding at --decode-contexts (default 4K and 16K) of every model, the window ones included, into <results>/convert/decode.json")
+    p.add_argument("--decode-contexts", default="4096,16384",
                    type=lambda s: [int(x) for x in s.split(",")])
     args = p.parse_args(argv)
     study = Study(args)
