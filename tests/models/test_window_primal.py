@@ -202,3 +202,16 @@ def test_the_primal_branch_is_seen_by_the_analysis_tools() -> None:
         stack(x)
     assert sorted(seen) == ["blocks.0.attn.primal", "blocks.1.attn"]
     torch.testing.assert_close(seen["blocks.0.attn.primal"].x, stack.blocks[0].norm1(x))
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_the_reference_primal_branch_gives_the_fast_paths_numbers(causal) -> None:
+    fast = layer(3, causal, gate=0.4)
+    ref = pa.WindowPrimalAttention(D, H, 4, window=3, causal=causal, gate_init=0.4, impl="reference").double().eval()
+    ref.load_state_dict(fast.state_dict())
+    x = torch.randn(2, 9, D, dtype=torch.float64)
+    mask = torch.ones(2, 9, dtype=torch.bool)
+    mask[1, 6:] = False
+    torch.testing.assert_close(ref(x, mask), fast(x, mask), rtol=0, atol=1e-12)
+    with pytest.raises(ValueError, match="need impl='fast'"):
+        ref(x, qk_transform=lambda qk: qk)
