@@ -76,7 +76,8 @@ def test_tiny_lm_grid_converts_to_window_arms_and_reports_their_gates(tmp_path, 
     store = tmp_path / "convert_runs" / "lm4x"
     cells = sorted(p.parent.name for p in store.glob("*/seed_0.json"))
     assert cells == ["all_transfer_finetune", "last_transfer_finetune", "original", "scratch_all", "scratch_last",
-                     "scratch_window128", "scratch_window32", "window128_transfer_finetune", "window32_transfer_finetune"]
+                     "scratch_window128", "scratch_window32", "scratch_window32_only", "window128_transfer_finetune",
+                     "window32_only_transfer_finetune", "window32_transfer_finetune"]
     report = json.loads((store / "window32_transfer_finetune" / "seed_0.json").read_text())
     assert "primal.window=32" in report["command"] and "primal.gate_init=2.0" in report["command"]
     alpha = report["window_alpha"]
@@ -84,3 +85,6 @@ def test_tiny_lm_grid_converts_to_window_arms_and_reports_their_gates(tmp_path, 
     page = (tmp_path / "convert.md").read_text()
     assert "| **all layers window 32 + primal** |" in page and "| **all layers window 128 + primal** |" in page
     assert "- **all layers window 32 + primal** " in page and "% of the gap closed)" in page  # the window verdict
+    assert "The window alone (the control) keeps" in page and "(one seed a side: no spread to judge by)" in page
+    control = json.loads((store / "window32_only_transfer_finetune" / "seed_0.json").read_text())
+    assert all(a > 0.999 for layer in control["window_alpha"] for a in layer)  # the control stays a window

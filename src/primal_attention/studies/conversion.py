@@ -88,6 +88,10 @@ LOLCATS = (
     "whether a window beside the primal term closes it (the window rows above), with the gates showing how "
     "much of each head the window takes once trained.")
 
+#: the gate logit of the window-only control: α = σ(20) = 1 − 2e-9 on the window, and so little gradient
+#: reaches the gate (α(1 − α)) or the primal branch (1 − α) that it stays a sliding-window softmax.
+WINDOW_ONLY_GATE = 20.0
+
 #: the gate logit a window + primal conversion starts from: α = σ(2) ≈ 0.88 on the window (copied from
 #: the softmax layer), so the swapped model starts near the windowed original and the primal branch still
 #: gets an eighth of each head.
@@ -164,6 +168,9 @@ def tasks(args: argparse.Namespace) -> dict[str, Task]:
                      {**paper_arms("configs/lm/corpora_primal+.yaml", "configs/lm/corpora_primalformer.yaml"),
                       "window32": Arm("all layers window 32 + primal", "all", window,
                                       {"window": 32, "gate_init": WINDOW_GATE_INIT}),
+                      "window32_only": Arm("all layers window 32 alone (gate at α ≈ 1: a control)", "all", window,
+                                           {"window": 32, "gate_init": WINDOW_ONLY_GATE},
+                                           [f"model.attention_options.window_primal.gate_init={WINDOW_ONLY_GATE}"]),
                       "window128": Arm("all layers window 128 + primal", "all", window,
                                        {"window": 128, "gate_init": WINDOW_GATE_INIT},
                                        ["model.attention_options.window_primal.window=128"])},
@@ -541,6 +548,8 @@ class Study:
                     if r.get("final") and r["final"].get("test")]
 
         windows = [key for key, arm in task.arms.items() if "window" in arm.primal]
+        control = {arm.primal["window"]: key for key, arm in task.arms.items()
+                   if arm.primal.get("gate_init") == WINDOW_ONLY_GATE}
         primal = final("all")
         out = []
         for key in windows:
@@ -555,8 +564,24 @@ class Study:
                      f"(min {min(alphas):.2f}, max {max(alphas):.2f})") if alphas else ""
             verdict = ("closes the gap" if kept(got) >= 98 and closed > 0.5 else
                        "narrows the gap" if closed > 0 else "does not narrow the gap")
+            alone = final(control[task.arms[key].primal["window"]]) if task.arms[key].primal["window"] in control \
+                and key not in control.values() else []
+            versus = ""
+            if alone:  # the rule of "beats scratch": a mean difference beyond the larger seed spread
+                spread = max(statistics.stdev(v) if len(v) > 1 else 0.0 for v in (got, alone))
+                diff = statistics.mean(got) - statistics.mean(alone)
+                better = -diff > spread if not task.higher_is_better else diff > spread
+                worse = diff > spread if not task.higher_is_better else -diff > spread
+                effect = ("helps beyond the seed spread" if better else "hurts beyond the seed spread" if worse else
+                          "makes no difference beyond the seed spread")
+                versus = (f" The window alone (the control) keeps {kept(alone):.1f} %: the primal term beside the "
+                          f"window {effect}" + (" (one seed a side: no spread to judge by)." if spread == 0 else "."))
+            if key in control.values():
+                out.append(f"- **{task.arms[key].label}**: (iii) keeps {kept(got):.1f} % (all layers primal: "
+                           f"{kept(primal):.1f} %).")
+                continue
             out.append(f"- **{task.arms[key].label}** {verdict} to the original: (iii) keeps {kept(got):.1f} % against "
-                       f"{kept(primal):.1f} % for all layers primal ({100 * closed:.0f} % of the gap closed){share}.")
+                       f"{kept(primal):.1f} % for all layers primal ({100 * closed:.0f} % of the gap closed){share}.{versus}")
         return [""] + out if out else []
 
     def _errors(self, task: Task) -> list[str]:
