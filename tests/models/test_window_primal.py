@@ -171,6 +171,8 @@ def test_bad_options_states_and_inputs_are_one_line_errors() -> None:
             pa.WindowPrimalAttention(D, H, window=bad)
     with pytest.raises(ValueError, match="gate_init must be a finite number"):
         pa.WindowPrimalAttention(D, H, gate_init=float("nan"))
+    with pytest.raises(ValueError, match="unknown option windw; expected window, gate_init"):
+        pa.WindowPrimalAttention(D, H, windw=4)
     with pytest.raises(ValueError, match="rank must be a positive int"):
         pa.WindowPrimalAttention(D, H, rank=0)
     model = layer(4, True)

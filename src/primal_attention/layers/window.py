@@ -15,6 +15,7 @@ primal running sums and a ring of the last ``window`` keys and values: constant 
 
 from __future__ import annotations
 
+import inspect
 import math
 from typing import Any, NamedTuple
 
@@ -30,6 +31,12 @@ from primal_attention.ops.local import band_attention
 from primal_attention.ops.primal import decode, fused, reference
 from primal_attention.ops.primal.decode import PrimalDecodePlan, fused_step
 from primal_attention.ops.primal.reference import PrimalWeights
+
+
+#: the PrimalAttention options a window layer passes on to its primal branch as they are.
+_PRIMAL_ONLY = tuple(name for name, param in inspect.signature(PrimalAttention.__init__).parameters.items()
+                     if param.kind is param.KEYWORD_ONLY and name not in
+                     ("causal", "bias", "dropout", "max_seq_len", "check_finite"))
 
 
 class WindowState(NamedTuple):
@@ -107,6 +114,11 @@ class WindowPrimalAttention(nn.Module):
             raise ValueError(f"WindowPrimalAttention: window must be a positive int, got {window!r}")
         if not isinstance(gate_init, (int, float)) or isinstance(gate_init, bool) or not math.isfinite(gate_init):
             raise ValueError(f"WindowPrimalAttention: gate_init must be a finite number, got {gate_init!r}")
+        unknown = sorted(set(primal_options) - set(_PRIMAL_ONLY))
+        if unknown:
+            raise ValueError(f"WindowPrimalAttention: unknown option{'s' if len(unknown) > 1 else ''} "
+                             f"{', '.join(unknown)}; expected window, gate_init, rank, causal, bias, dropout, "
+                             f"max_seq_len, check_finite or one of {', '.join(_PRIMAL_ONLY)}")
         self.primal = PrimalAttention(embed_dim, num_heads, rank, causal=causal, bias=bias, dropout=dropout,
                                       max_seq_len=max_seq_len, check_finite=check_finite, **primal_options)
         self.embed_dim = embed_dim
