@@ -572,10 +572,10 @@ class Study:
                 diff = statistics.mean(got) - statistics.mean(alone)
                 better = -diff > spread if not task.higher_is_better else diff > spread
                 worse = diff > spread if not task.higher_is_better else -diff > spread
-                effect = ("helps beyond the seed spread" if better else "hurts beyond the seed spread" if worse else
-                          "makes no difference beyond the seed spread")
-                versus = (f" The window alone (the control) keeps {kept(alone):.1f} %: the primal term beside the "
-                          f"window {effect}" + (" (one seed a side: no spread to judge by)." if spread == 0 else "."))
+                effect = ("cannot be judged yet (fewer than two seeds a side)" if min(len(got), len(alone)) < 2 else
+                          "helps beyond the seed spread" if better else "hurts beyond the seed spread" if worse else
+                          "changes nothing beyond the seed spread")
+                versus = f" The window alone (the control) keeps {kept(alone):.1f} %: the primal term beside the window {effect}."
             if key in control.values():
                 out.append(f"- **{task.arms[key].label}**: (iii) keeps {kept(got):.1f} % (all layers primal: "
                            f"{kept(primal):.1f} %).")
