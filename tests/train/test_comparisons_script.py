@@ -30,7 +30,8 @@ def test_progress_and_the_not_rerun_note_follow_the_stored_sweeps(tmp_path, monk
     names = {"JapaneseVowels": "uea/JapaneseVowels", "BasicMotions": "uea/BasicMotions"}
     assert tuned.progress("uea/JapaneseVowels") == "not started"
     note = " ".join(tuned.not_rerun_note(names))
-    assert "JapaneseVowels (not started)" in note and "BasicMotions (not registered)" in note
+    assert "JapaneseVowels (not started; 14 runs left, time per run unknown)" in note  # 4 grid points + 10 seeds
+    assert "BasicMotions (not registered)" in note
 
     points = tmp_path / "JapaneseVowels_transformer" / "points"
     lrs = tuned.GRID["optim.lr"]
@@ -39,6 +40,12 @@ def test_progress_and_the_not_rerun_note_follow_the_stored_sweeps(tmp_path, monk
     for i, lr in enumerate(lrs[1:]):
         _store(points / point_name({"optim.lr": lr}) / "seed_0.json", 0.7 - i / 100)
     best = point_name({"optim.lr": lrs[1]})  # inside the grid: no widening
+    (tmp_path / "JapaneseVowels_transformer" / "points" / best / "seed_0.json").write_text(json.dumps(
+        {"name": "x", "best_val_acc": 0.7, "test_acc": 0.7, "wall_time_s": 3600.0,
+         "selection": {"metric": "acc", "maximize": True}}))  # the median of 1, 1, 1, 3600 s is 1 s
+    assert tuned.remaining("uea/JapaneseVowels") == (10, 10 / 3600, "its runs so far")
+    assert "JapaneseVowels (in progress; 10 runs left, ≈ 0.0 CPU h at the median time per run of its runs so far)" \
+        in " ".join(tuned.not_rerun_note(names))
     _store(tmp_path / "JapaneseVowels_transformer" / "final" / best / "seed_0.json", 0.6)  # not a final seed: ignored
     assert tuned.seeds_for("uea/JapaneseVowels") == tuple(range(1, 11))  # more seeds where 3 cannot resolve it
     for seed in tuned.seeds_for("uea/JapaneseVowels"):

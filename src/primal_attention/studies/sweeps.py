@@ -226,19 +226,46 @@ def progress(comparison: str) -> str:
     return "in progress" if any(r["points"] for r in reports) else "not started"
 
 
+def remaining(comparison: str) -> tuple[int, float | None, str]:
+    """Runs left in ``comparison`` (grid points and final seeds, on the grid as it stands: a widened grid adds
+    more), the one-core hours they take at the median time of its runs so far (else of the earlier runs of
+    the same configs, else None), and where that time per run comes from."""
+    runs, times, source = 0, [], "its runs so far"
+    for sweep in sweeps_of(comparison):
+        done = sweep.results()
+        runs += len(sweep.points) - len(done) + len(sweep.final_seeds) - len(sweep.finals())
+        times += [float(p.metrics["wall_time_s"]) for p in done if p.metrics.get("wall_time_s")]
+    if not times:  # the earlier runs of the same configs (their own schedule), where a page keeps them
+        source = "the earlier runs of the same configs (their own schedule)"
+        for config in COMPARISONS[comparison]:
+            folder = STORE.parent / f"{config.split('/')[0]}_runs" / config.split("/")[-1]
+            files = [*folder.glob("seed_*.json"), *folder.glob("holdout/seed_*.json")]
+            times += [float(r["wall_time_s"]) for r in (json.loads(f.read_text()) for f in files) if r.get("wall_time_s")]
+    hours = runs * statistics.median(times) / 3600 if times and runs else (0.0 if not runs else None)
+    return runs, hours, source
+
+
 def not_rerun_note(names: dict[str, str]) -> list[str]:
-    """A page's line naming what is not (fully) rerun under the tuned protocol: ``names`` maps a label on the
-    page to its comparison (or to "" where no comparison is registered)."""
+    """A page's line naming what is not (fully) rerun under the tuned protocol, with the runs left and their
+    one-core hours (:func:`remaining`): ``names`` maps a label on the page to its comparison (or to "" where
+    no comparison is registered)."""
     left = []
     for label, comparison in names.items():
         state = progress(comparison) if comparison in COMPARISONS else "not registered"
-        if state != "complete":
+        if state == "complete":
+            continue
+        if state == "not registered":
             left.append(f"{label} ({state})")
+            continue
+        runs, hours, source = remaining(comparison)
+        cost = "time per run unknown" if hours is None else f"≈ {hours:.1f} CPU h at the median time per run of {source}"
+        left.append(f"{label} ({state}; {runs} runs left, {cost})")
     if not left:
         return []
-    return [f"Not rerun under this protocol yet: {', '.join(left)}. CPU budget: the issue's order finishes ListOps, Image, "
-            "Fashion-MNIST vision and JapaneseVowels first; the previous runs are below. "
-            "`scripts/sweep_comparisons.py --only <comparison>` runs one (resumable).", ""]
+    return [f"Not rerun under this protocol yet: {'; '.join(left)}. One CPU core per run; a grid widened at an edge "
+            "adds runs. CPU budget: the issue's order finishes ListOps, Image, Fashion-MNIST vision and JapaneseVowels "
+            "first; the previous runs are below. `scripts/sweep_comparisons.py --only <comparison>` runs one "
+            "(resumable).", ""]
 
 
 def base_sweep(config: str, comparison: str, grid: dict[str, list[float]] = GRID) -> Sweep:
