@@ -141,3 +141,14 @@ def test_window_options_are_checked_at_primalize() -> None:
     with pytest.raises(ValueError, match="window must be a positive int"):
         hf.primalize(BUILD["gpt2"](), window=0)
     assert V > 0
+
+
+def test_beam_search_reorders_the_window_ring_with_the_sums() -> None:
+    _, model = windowed("llama", window=3)
+    prompt = tokens(2, 5)
+    model.generation_config.eos_token_id = None
+    kw = {"max_new_tokens": 6, "num_beams": 3, "do_sample": False}
+    with torch.no_grad():
+        cached = model.generate(prompt, use_cache=True, **kw)
+        uncached = model.generate(prompt, use_cache=False, **kw)
+    assert torch.equal(cached, uncached)
