@@ -217,3 +217,17 @@ def test_the_reference_primal_branch_gives_the_fast_paths_numbers(causal) -> Non
     torch.testing.assert_close(ref(x, mask), fast(x, mask), rtol=0, atol=1e-12)
     with pytest.raises(ValueError, match="need impl='fast'"):
         ref(x, qk_transform=lambda qk: qk)
+
+
+def test_decoding_under_bfloat16_autocast_keeps_the_ring_in_the_parameters_dtype() -> None:
+    torch.manual_seed(0)
+    cfg = pa.CausalLMConfig(vocab_size=19, max_seq_len=64, dim=D, num_heads=H, ffn_dim=32, dropout=0.0,
+                            attention=["window_primal"] * 2, attention_options={"window_primal": {"window": 4, "rank": 4}})
+    model = pa.CausalLM(cfg).eval()
+    tokens = torch.randint(0, 19, (2, 20))
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        full = model(tokens)
+        _, cache = model.prefill(tokens[:, :7])
+        steps = [model.step(tokens[:, t], cache)[0] for t in range(7, 20)]
+    assert all(layer.attn.keys.dtype == torch.float32 for layer in cache.layers)
+    torch.testing.assert_close(torch.stack(steps, 1).float(), full[:, 7:].float(), rtol=0, atol=2e-2)

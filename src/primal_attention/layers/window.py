@@ -282,8 +282,8 @@ class WindowPrimalAttention(nn.Module):
         else:  # the ring in time order, oldest first (slots not written yet are not real)
             order = (state.seen + torch.arange(w, device=x.device)) % w
             past, seen = w, state.seen
-            keys = torch.cat([state.keys[:, :, order], k], dim=2)
-            values = torch.cat([state.values[:, :, order], v], dim=2)
+            keys = torch.cat([state.keys[:, :, order].to(k.dtype), k], dim=2)  # under autocast k is narrower
+            values = torch.cat([state.values[:, :, order].to(v.dtype), v], dim=2)
             key_real = torch.cat([state.real[:, order], real], dim=1)
         y = band_attention(q, keys, values, left=w - 1, past=past, key_real=key_real,
                            dropout_p=self.dropout if self.training else 0.0)
@@ -293,8 +293,8 @@ class WindowPrimalAttention(nn.Module):
         if short > 0:
             keys, values = F.pad(keys, (0, 0, short, 0)), F.pad(values, (0, 0, short, 0))
             key_real = F.pad(key_real, (short, 0), value=False)
-        shift = seen % w  # the last w positions, position t in slot t mod w
-        ring = [torch.roll(t[..., -w:, :], shift, dims=2) for t in (keys, values)]
+        shift = seen % w  # the last w positions, position t in slot t mod w, kept in the parameters' dtype
+        ring = [torch.roll(t[..., -w:, :], shift, dims=2).to(self.q_proj.weight.dtype) for t in (keys, values)]
         return out, WindowState(total, count, ring[0], ring[1], torch.roll(key_real[:, -w:], shift, dims=1), seen)
 
     def step(
