@@ -620,7 +620,7 @@ class Study:
         lines += ["| model | quantity | " + " | ".join(f"{c // 1024}K" for c in contexts) + " |",
                   "|---|---|" + "---|" * len(contexts)]
         for key, label in names.items():
-            for what, field_, fmt, scale in (("tokens/s", "tokens_per_s", "{:.0f}", 1), ("state KiB", "state_mib", "{:.1f}", 1024),
+            for what, field_, fmt, scale in (("tokens/s", "tokens_per_s", "{:.0f}", 1), ("cache KiB (state + decoding constants)", "state_mib", "{:.1f}", 1024),
                                              ("RSS growth MiB", "rss_growth_mib", "{:.0f}", 1)):
                 cells = []
                 for c in contexts:
