@@ -424,7 +424,9 @@ class Study:
                             "from the softmax layer). The LM's blocks are 128 tokens, so the window-128 arm is softmax "
                             "over the whole block beside the primal term in training and evaluation; its window slides "
                             "only when decoding longer contexts. The scratch rows of the same total steps "
-                            "(6 000 + T + F) run after every conversion, ≈ 45 CPU min each.", ""]
+                            "(6 000 + T + F, at the original's lr 1e-2, which the 4× grid chose for every model it "
+                            "swept; the window architectures were not swept) run after every conversion, ≈ 45 CPU "
+                            "min each.", ""]
         elif originals and task.published.get("original"):
             # lm.md's runs keep no weights: the originals here are retrained with the same config and seeds.
             pub = {r["seed"]: r for r in (json.loads(p.read_text()) for p in
