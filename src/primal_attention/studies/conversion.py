@@ -140,6 +140,8 @@ class Task:
     #: the original's trained run folder per seed, when another study trained it ("{seed}" filled in);
     #: used as it is instead of training the original again
     original_runs: str = ""
+    #: what trained those run folders (recorded with each original)
+    original_runs_by: str = ""
     #: the label of the published from-scratch rows
     published_label: str = "scratch, 1 500 steps (lm.md)"
     #: paragraphs after the verdict (context for reading it)
@@ -180,6 +182,7 @@ def tasks(args: argparse.Namespace) -> dict[str, Task]:
                      baselines="docs/results/baselines/lm_corpora.json" if not args.set else "",
                      recipes=("transfer_finetune",), seeds=(1, 2, 3) if not args.set else None,
                      original_runs="runs/sweeps/corpora_transformer_4x/work/optim.lr=0.01/seed_{seed}" if not args.set else "",
+                     original_runs_by="scripts/sweep_comparisons.py --only lm/corpora-4x (its final seeds)",
                      published_label="scratch, 6 000 steps (lm.md 4×, its final seeds)", notes=[LOLCATS]),
         "lm": Task("lm", "Language model (LM corpora, docs/results/lm.md)", "configs/lm/corpora_transformer.yaml",
                    paper_arms("configs/lm/corpora_primal+.yaml", "configs/lm/corpora_primalformer.yaml"),
@@ -224,16 +227,9 @@ class Study:
         config = ROOT / task.original
         trained = ROOT / task.original_runs.format(seed=seed) if task.original_runs else None
         if trained is not None and (trained / "metrics.json").is_file() and not (run_dir / "metrics.json").is_file():
-            run_dir = trained
             if not store.is_file():
-                metrics = json.loads((trained / "metrics.json").read_text())
-                metrics["command"] = shlex.join(["primal", "train", str(task.original), "--out", shown_path(trained.parent),
-                                                 "--seeds", str(seed), "--resume"]
-                                                + [x for o in task.overrides for x in ("--set", o)])
-                metrics["trained_by"] = "scripts/sweep_comparisons.py --only lm/corpora-4x (its final seeds)"
-                store.parent.mkdir(parents=True, exist_ok=True)
-                store.write_text(json.dumps(_committed(metrics), indent=2))
-            return json.loads(store.read_text()), run_dir
+                self._store_original(task, seed, trained, store, trained_by=task.original_runs_by)
+            return json.loads(store.read_text()), trained
         if not store.is_file() or (weights and not (run_dir / "metrics.json").is_file()):
             print(f"[{task.name}] original seed {seed}: training {config.name} -> {run_dir}", flush=True)
             run_seeds(load_config(config, ["train.progress=false", *task.overrides]), work, [seed], resume=True)
@@ -243,11 +239,18 @@ class Study:
                 print(f"[{task.name}] retrained seed {seed}: test {task.metric} {metrics[f'test_{task.metric}']:.5f} "
                       f"(stored {before[f'test_{task.metric}']:.5f})", flush=True)
             else:
-                metrics["command"] = shlex.join(["primal", "train", str(task.original), "--out", str(work), "--seeds",
-                                                 str(seed), "--resume"] + [x for o in task.overrides for x in ("--set", o)])
-                store.parent.mkdir(parents=True, exist_ok=True)
-                store.write_text(json.dumps(metrics, indent=2))
+                self._store_original(task, seed, run_dir, store)
         return json.loads(store.read_text()), run_dir
+
+    @staticmethod
+    def _store_original(task: Task, seed: int, run_dir: Path, store: Path, **extra: str) -> None:
+        """Store the metrics of the original's run folder with the ``primal train`` command that made it."""
+        metrics = json.loads((run_dir / "metrics.json").read_text())
+        metrics["command"] = shlex.join(["primal", "train", task.original, "--out", shown_path(run_dir.parent), "--seeds",
+                                         str(seed), "--resume"] + [x for o in task.overrides for x in ("--set", o)])
+        metrics.update(extra)
+        store.parent.mkdir(parents=True, exist_ok=True)
+        store.write_text(json.dumps(_committed(metrics), indent=2))
 
     def scratch_primal_options(self, task: Task, key: str) -> tuple[dict, float]:
         """The primal options and the η (per mean task loss) of the from-scratch config of arm ``key``,
