@@ -75,7 +75,7 @@ def test_the_gate_mixes_per_head() -> None:
     mixed = layer(3, True)
     with torch.no_grad():
         mixed.gate.copy_(torch.tensor([80.0, -80.0]))
-    q, k, v = mixed._qkv(x, None, None)
+    q, k, v, _ = mixed._qkv(x, None, None)
     window = band_attention(q, k, v, left=2)  # (1, H, N, d)
     # head 0 is the window alone, head 1 the primal alone: compare before out_proj through its inverse
     y = torch.linalg.solve(mixed.out_proj.weight, (mixed(x) - mixed.out_proj.bias)[0].T).T  # (N, D)

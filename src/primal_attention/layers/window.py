@@ -190,7 +190,7 @@ class WindowPrimalAttention(nn.Module):
             return out
         check_input(x, mask, self.embed_dim, check_finite=self.check_finite, name=name, dtype=self.q_proj.weight.dtype)
         out = self._primal_out(x, mask, qk_transform, segments, None)
-        q, k, v = self._qkv(x, mask, qk_transform)
+        q, k, v, _ = self._qkv(x, mask, qk_transform)
         left, right = self.band()
         y = band_attention(q, k, v, left=left, right=right, key_real=mask, segments=segments,
                            dropout_p=self.dropout if self.training else 0.0)
@@ -217,19 +217,22 @@ class WindowPrimalAttention(nn.Module):
         primal._record(trace)
         return trace.out
 
-    def _qkv(self, x: Tensor, mask: Tensor | None, qk_transform: QKTransform | None) -> tuple[Tensor, Tensor, Tensor]:
-        """The window's q, k, v of x (B, T, D), each (B, H, T, d); padding tokens zeroed first (never read)."""
+    def _qkv(self, x: Tensor, mask: Tensor | None,
+             qk_transform: QKTransform | None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """The window's q, k, v of x (B, T, D), each (B, H, T, d), and ``[q | k]`` (B, T, 2D) as the primal
+        state sums them; padding tokens zeroed first (never read)."""
         batch, steps, dim = x.shape
         if mask is not None:
             x = x.masked_fill(~mask[:, :, None], 0.0)
-        q, k = self.q_proj(x), self.k_proj(x)
+        qk = torch.cat([self.q_proj(x), self.k_proj(x)], dim=-1)
         if qk_transform is not None:
-            q, k = qk_transform(torch.cat([q, k], dim=-1)).split(dim, dim=-1)
+            qk = qk_transform(qk)
+        q, k = qk.split(dim, dim=-1)
 
         def heads(t: Tensor) -> Tensor:
             return t.reshape(batch, steps, self.num_heads, self.head_dim).transpose(1, 2)
 
-        return heads(q), heads(k), heads(self.v_proj(x))
+        return heads(q), heads(k), heads(self.v_proj(x)), qk
 
     def _window_out(self, y: Tensor, mask: Tensor | None) -> Tensor:
         """The window branch's share of the output: W_o merge_h(α_h y_h), y (B, H, T, d) -> (B, T, D)."""
@@ -272,9 +275,9 @@ class WindowPrimalAttention(nn.Module):
         if state is not None:
             self._check_state(state, batch, x.device, name)
         out = self._primal_out(x, mask, qk_transform, None, None if state is None else (state.total, state.count))
-        chunk = decode.prefill(self.primal.weights(), x, mask, qk_transform)
+        q, k, v, qk = self._qkv(x, mask, qk_transform)
+        chunk = decode.chunk_sums(qk, mask, decode.accumulator_dtype(self.q_proj.weight.dtype))  # the window's q, k
         total, count = chunk if state is None else (state.total + chunk.total, state.count + chunk.count)
-        q, k, v = self._qkv(x, mask, qk_transform)
         real = torch.ones(batch, steps, dtype=torch.bool, device=x.device) if mask is None else mask
         w = self.window
         if state is None:

@@ -139,15 +139,20 @@ def prefill(weights: PrimalWeights, x: Tensor, mask: Tensor | None = None,
             qk_transform: Callable[[Tensor], Tensor] | None = None) -> PrimalState:
     """The state after the whole prefix x (B, N, D): Σ [q | k] over the real tokens (mask (B, N) bool,
     None: all real) and their count."""
-    acc = accumulator_dtype(weights.q_weight.dtype)
     if mask is not None:
         x = x.masked_fill(~mask[:, :, None], 0.0)  # padding is never read (NaN included)
     qk_weight, qk_bias = weights.qk()
     qk = F.linear(x, qk_weight, qk_bias)
     if qk_transform is not None:
         qk = qk_transform(qk)
+    return chunk_sums(qk, mask, accumulator_dtype(weights.q_weight.dtype))
+
+
+def chunk_sums(qk: Tensor, mask: Tensor | None, acc: torch.dtype) -> PrimalState:
+    """The state of a chunk from its projections ``[q | k]`` (B, N, 2D): their sum over the real tokens
+    (mask (B, N) bool, None: all real) and the count, in the accumulator dtype ``acc``."""
     if mask is None:
         total = qk.to(acc).sum(dim=1)
-        return PrimalState(total, torch.full((x.shape[0],), float(x.shape[1]), dtype=acc, device=x.device))
+        return PrimalState(total, torch.full((qk.shape[0],), float(qk.shape[1]), dtype=acc, device=qk.device))
     real = mask.to(acc)
     return PrimalState((qk.to(acc) * real[:, :, None]).sum(dim=1), real.sum(dim=1))
