@@ -18,9 +18,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 from transformers.cache_utils import Cache, CacheLayerMixin, DynamicLayer, EncoderDecoderCache
 
+from primal_attention.layers.cache import nbytes_of
 from primal_attention.layers.window import WindowDecodePlan, WindowState
 from primal_attention.ops.primal.decode import PrimalDecodePlan, PrimalState
 
@@ -83,7 +84,7 @@ class PrimalCacheLayer(CacheLayerMixin):
     def nbytes(self) -> int:
         """Bytes held: the running sums and, once decoding has started, the layer's fused step plan
         (rearranged weight copies, 4·D² numbers: constant in the context length, but not free)."""
-        return _nbytes(self.state) + _nbytes(self.plan)
+        return nbytes_of(self.state) + nbytes_of(self.plan)
 
     def reset(self) -> None:
         self.state = None
@@ -117,16 +118,6 @@ class PrimalCacheLayer(CacheLayerMixin):
                 "PrimalCacheLayer: a primal layer keeps running sums and cannot be cropped "
                 "(assisted / speculative decoding is not supported with primal layers)"
             )
-
-
-def _nbytes(obj: object) -> int:
-    """Bytes of the tensors in a state or plan (nested tuples included); parameters a plan refers to
-    as they are (an output bias) are the model's memory and count 0."""
-    if isinstance(obj, Tensor):
-        return 0 if isinstance(obj, nn.Parameter) else obj.numel() * obj.element_size()
-    if isinstance(obj, tuple):
-        return sum(_nbytes(t) for t in obj)
-    return 0
 
 
 def primal_cache_layer(cache: Cache, layer_idx: int) -> PrimalCacheLayer:

@@ -114,7 +114,8 @@ class LayerCache:
 
     def nbytes(self) -> int:
         """Bytes of every tensor held (state and constants)."""
-        return _nbytes(self.attn) + _nbytes(self.attn_plan) + _nbytes(self.ffn_plan) + _nbytes(self.block_plan)
+        return (nbytes_of(self.attn) + nbytes_of(self.attn_plan) + nbytes_of(self.ffn_plan)
+                + nbytes_of(self.block_plan))
 
 
 @dataclass(eq=False)
@@ -194,13 +195,14 @@ class DecodeCache:
     def plan_nbytes(self) -> int:
         """Bytes of the decoding constants alone (the modules' plans, the head): their rearranged copies of
         the weights; parameters they refer to as they are count 0."""
-        return (sum(_nbytes(layer.attn_plan) + _nbytes(layer.ffn_plan) + _nbytes(layer.block_plan) for layer in self.layers)
-                + _nbytes(self.head_plan) + _nbytes(self.norm_plan))
+        return (sum(nbytes_of(layer.attn_plan) + nbytes_of(layer.ffn_plan) + nbytes_of(layer.block_plan)
+                    for layer in self.layers)
+                + nbytes_of(self.head_plan) + nbytes_of(self.norm_plan))
 
     def nbytes(self) -> int:
         """Bytes of every tensor the cache holds (states, decoding constants, counts)."""
-        return (sum(layer.nbytes() for layer in self.layers) + _nbytes(self.head_plan) + _nbytes(self.norm_plan)
-                + _nbytes(self.next_position))
+        return (sum(layer.nbytes() for layer in self.layers) + nbytes_of(self.head_plan) + nbytes_of(self.norm_plan)
+                + nbytes_of(self.next_position))
 
 
 def _clone(state: Any) -> Any:
@@ -216,7 +218,7 @@ def _clone(state: Any) -> Any:
     return state
 
 
-def _nbytes(obj: Any) -> int:
+def nbytes_of(obj: Any) -> int:
     """Bytes of the tensors in obj (a tensor, a KVBuffer, a tuple of them, or None). A parameter that a
     plan refers to as it is (an embedding, a norm's weight, a bias) is the model's memory, not the
     cache's, and counts 0."""
@@ -227,5 +229,5 @@ def _nbytes(obj: Any) -> int:
     if isinstance(obj, KVBuffer):
         return obj.nbytes()
     if isinstance(obj, tuple):
-        return sum(_nbytes(t) for t in obj)
+        return sum(nbytes_of(t) for t in obj)
     return 0
