@@ -157,6 +157,10 @@ def test_a_window_conversion_starts_as_the_original_when_the_window_covers_the_i
         torch.testing.assert_close(logits, full[:, t], rtol=0, atol=1e-9)
     bad = _cli("convert", str(lm_run), "--window", "4", "--set", "primal.window=8", "--out", str(tmp_path / "bad"))
     assert bad.returncode != 0 and "disagree" in bad.stderr and "Traceback" not in bad.stderr
+    for value, message in (("0", "window must be a positive int, got 0"), ("abc", "invalid int value: 'abc'")):
+        bad = _cli("convert", str(lm_run), "--window", value, "--out", str(tmp_path / f"bad_{value}"), "--no-progress")
+        assert bad.returncode == 2 and message in bad.stderr and "Traceback" not in bad.stderr
+        assert not (tmp_path / f"bad_{value}").exists()  # nothing written for a conversion that cannot start
 
 
 def test_resume_continues_the_interrupted_conversion(lm_run, tmp_path) -> None:
