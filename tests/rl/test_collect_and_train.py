@@ -98,6 +98,7 @@ def test_train_dt_with_rollouts_on_the_collected_data(collected, tmp_path, model
     (["data.name=hopper-random"], "unknown RL dataset"),
     (["data.options.episodes=3"], "unknown for data.family rl"),
     (["data.options.eval_episodes=0"], "eval_episodes must be a positive integer"),
+    (["data.options.eval_episodes=10001"], "would share environment seeds"),
     (["data.seq_len=null"], "the context K in steps"),
     (["data.seq_len=100000"], "exceeds an episode"),
     (["data.options.target_return=.nan"], "target_return must be a finite number"),

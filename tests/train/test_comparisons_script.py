@@ -67,7 +67,7 @@ def test_rl_comparisons_wait_for_their_data_and_average_only_when_complete(tmp_p
     assert [e.label for e in tuned.entries("rl/hopper-medium")] == ["DT", "Primal.+DT"]
 
     def finished(stem: str, scores: list[float]) -> None:
-        store = tmp_path / stem
+        store = tmp_path / (stem + tuned.STORE_SUFFIX[f"rl/{stem.rsplit('_', 1)[0]}"])
         point = {"optim.lr": tuned.GRID["optim.lr"][0]}
         (store).mkdir(parents=True, exist_ok=True)
         (store / "sweep.json").write_text(json.dumps({"selection": {"metric": "val_score", "maximize": True},
@@ -131,3 +131,26 @@ def test_an_rl_baseline_comes_from_the_card_of_the_data_in_use_and_is_kept(tmp_p
     card.unlink()  # a machine without the data keeps what the card said
     assert tuned.baselines("rl/hopper-medium")["behaviour"]["test_score"] == [64.9]
     assert json.loads(tuned.COLLECTED_BEHAVIOUR.read_text()) == {"hopper-medium": 64.9, "hopper-medium-replay": 9.0}
+
+
+def test_rl_old_vs_new_rows_read_the_first_round_with_and_without_its_reused_sweep_run(tmp_path, monkeypatch) -> None:
+    from primal_attention.studies import rl as page
+
+    tuned = _script(monkeypatch, tmp_path)
+    monkeypatch.setattr(tuned, "RL_DATASETS", ["hopper-medium"])
+    monkeypatch.setattr(tuned, "COMPARISONS", {"rl/hopper-medium": ["rl/hopper-medium_dt", "rl/hopper-medium_primal+"]})
+    assert page.round_comparison_lines() == []  # no first round stored
+    first = tmp_path / "hopper-medium_dt"  # the first round's store: no suffix, 5 episodes
+    for path, score in [(first / "points" / "optim.lr=0.01" / "seed_0.json", 60.0),
+                        (first / "final" / "optim.lr=0.01" / "seed_1.json", 30.0),
+                        (first / "final" / "optim.lr=0.01" / "seed_2.json", 31.0)]:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"test_score": score, "val_examples": 5}))
+    assert page.first_round("hopper-medium", "dt") == {"chosen": "0.01", "episodes": 5, "sweep_run": 60.0,
+                                                       "fresh": {1: 30.0, 2: 31.0}}
+    assert page.first_round("hopper-medium", "primal+") is None
+    rows = [line for line in page.round_comparison_lines() if line.startswith("| hopper-medium")]
+    assert len(rows) == 1
+    cells = [c.strip() for c in rows[0].strip("|").split("|")]
+    assert cells[2:6] == ["0.01", "60.0", "40.3 ± 17.0 (n=3)", "30.5 ± 0.7 (n=2)"] and cells[6:] == ["–", "–"]
+    assert tuned.entries("rl/hopper-medium")[0].store == tmp_path / f"hopper-medium_dt_ep{tuned.RL_EVAL_EPISODES}"

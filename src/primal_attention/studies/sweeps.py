@@ -52,15 +52,21 @@ COMPARISONS = {
 COMPARISONS["lm/corpora-4x"] = COMPARISONS["lm/corpora"]
 #: a comparison's own grid instead of GRID, not widened (a confirmation at fixed rates, not a search)
 FIXED_GRIDS: dict[str, dict[str, list[float]]] = {"lm/corpora-4x": {"optim.lr": [3e-3, 1e-2]}}
-#: a comparison's stores (and run folders) are <config stem><suffix>, apart from another comparison's of the same configs
-STORE_SUFFIX = {"lm/corpora-4x": "_4x"}
 #: offline RL, one comparison per dataset (DT vs Primal.+DT); each needs its dataset collected first
 #: (`primal data collect-rl ENV`), and a worker passes over those that are not.
 RL_DATASETS = [f"{env}-{ds}" for env in D4RL_SCORES for ds in DATASETS]
 COMPARISONS.update({f"rl/{d}": [f"rl/{d}_dt", f"rl/{d}_primal+"] for d in RL_DATASETS})
+#: validation and test rollouts per evaluation of a tuned RL run (each split its own env seeds, disjoint:
+#: train.families.rl.ROLLOUT_SEEDS). The first tuned round used RL_FIRST_ROUND_EPISODES, too few to select
+#: on (its sweep's seed-0 run beat fresh seeds by up to 62 points); rl.md shows it beside this one.
+RL_EVAL_EPISODES = 20
+RL_FIRST_ROUND_EPISODES = 5
 #: the CPU schedule of docs/results/rl.md (the paper's DT takes ~1.5 s per step on one core here).
 RL_CPU_SCHEDULE = ["model.dim=128", "model.ffn_dim=512", "train.batch_size=32", "train.steps=1000",
-                   "optim.warmup_steps=100", "train.eval_every=500", "data.options.eval_episodes=5"]
+                   "optim.warmup_steps=100", "train.eval_every=500", f"data.options.eval_episodes={RL_EVAL_EPISODES}"]
+#: a comparison's stores (and run folders) are <config stem><suffix>, apart from another comparison's of the
+#: same configs (a sweep's cells are keyed by grid point only, so a changed schedule needs its own store).
+STORE_SUFFIX = {"lm/corpora-4x": "_4x", **{f"rl/{d}": f"_ep{RL_EVAL_EPISODES}" for d in RL_DATASETS}}
 #: per-comparison overrides applied to every model and grid point alike (the UEA configs train 100
 #: epochs under the authors' protocol; the holdout protocol is forced by the sweep itself).
 #: BasicMotions keeps its earlier 30 epochs; FSDD (2000 clips) had 3, doubled here toward a flat validation curve.

@@ -34,6 +34,10 @@ def rl_options(cfg: DataConfig) -> dict[str, Any]:
     for key in ("eval_episodes", "max_ep_len"):
         if isinstance(out[key], bool) or not isinstance(out[key], int) or out[key] < 1:
             raise ConfigError(f"data.options.{key} must be a positive integer, got {out[key]!r}")
+    gap = ROLLOUT_SEEDS["test"] - ROLLOUT_SEEDS["val"]
+    if out["eval_episodes"] > gap:  # env seeds val+i and test+i must stay apart
+        raise ConfigError(f"data.options.eval_episodes {out['eval_episodes']} exceeds {gap}: validation and test "
+                          "rollouts would share environment seeds")
     if out["target_return"] is None:
         out["target_return"] = TARGET_RETURNS[env][0]
     if isinstance(out["target_return"], bool) or not isinstance(out["target_return"], (int, float)) \
