@@ -57,3 +57,21 @@ def test_a_row_with_tuned_parts_in_progress_is_still_read_as_earlier_runs(tmp_pa
     row = next(line for line in page.splitlines() if line.startswith("| Offline RL"))
     assert f"{summary.EARLIER}; tuned comparison complete on 0 of 9, in progress on hopper-medium, on rl.md" in row
     assert "- Offline RL" not in page  # not listed among the changes of the tuned protocol
+
+
+def test_a_longer_comparison_fills_its_row_once_complete_and_until_then_says_how_far_it_is(tmp_path, monkeypatch) -> None:
+    summary = _summary(monkeypatch, tmp_path)
+    image = next(s for s in summary.SYSTEMS if s.name == "LRA image")
+    assert (image.tuned, image.longer) == ("lra/image", "lra/image-4x")
+    state = {"lra/image": "complete", "lra/image-4x": "in progress"}
+    monkeypatch.setattr(summary.tuned, "progress", lambda c: state[c])
+    monkeypatch.setattr(summary.tuned, "remaining", lambda c: (4, 2.2, "its runs so far"))
+    assert summary._comparison(image) == "lra/image"
+    note = summary._longer_note(image)
+    assert "4× the steps (`lra/image-4x`): in progress, 4 runs left, ≈ 2 CPU h" in note and "curves rising" in note
+    state["lra/image-4x"] = "complete"
+    assert summary._comparison(image) == "lra/image-4x"
+    assert summary._longer_note(image) == "; 4× the steps (`lra/image-4x`)"
+    listops = next(s for s in summary.SYSTEMS if s.name == "LRA listops")
+    assert "first-operator lookup" in listops.longer_why
+    assert not next(s for s in summary.SYSTEMS if s.name == "LRA text").longer

@@ -20,6 +20,7 @@ import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from primal_attention.studies import sweeps as tuned
 from primal_attention.studies.paths import ROOT
@@ -58,14 +59,46 @@ class System:
     parts: list[str] = field(default_factory=list)
     #: the initialisation of the tuned runs, as the source column names it
     init: str = "authors' init"
+    #: the same comparison on a longer schedule (or more data), and what it changes: it fills the row once
+    #: complete; until then the row says how far it is
+    longer: str | None = None
+    longer_what: str = ""
+    #: why the row needs the longer comparison
+    longer_why: str = "this schedule leaves curves rising"
 
 
-def _lra(task: str, data: str, paper: dict[str, float] | None = None) -> System:
+def _comparison(system: System) -> str | None:
+    """The comparison that fills a row: the longer one once complete, else the tuned one."""
+    if system.longer and tuned.progress(system.longer) == "complete":
+        return system.longer
+    return system.tuned
+
+
+def _longer_note(system: System) -> str:
+    """The source column's word on the longer comparison: which one fills the row, or how far it is."""
+    if not system.longer:
+        return ""
+    if _comparison(system) == system.longer:
+        return f"; {system.longer_what} (`{system.longer}`)"
+    runs, hours, _ = tuned.remaining(system.longer)
+    cost = "" if hours is None else f", ≈ {hours:.0f} CPU h"
+    return (f"; {system.longer_what} (`{system.longer}`): {tuned.progress(system.longer)}, {runs} runs left{cost} "
+            f"(a verdict needs it: {system.longer_why}), on {system.page}")
+
+
+def _lra(task: str, data: str, paper: dict[str, float] | None = None, longer: tuple[str, ...] | None = None) -> System:
     old = {label: [RESULTS / "lra_runs" / f"{task}_{kind}_cpu"] for kind, label in
            (("transformer", "Transformer"), ("primalformer", "PrimalFormer"), ("primal+", "Primal.+Trans."))}
     comparison = f"lra/{task}" if f"lra/{task}" in tuned.COMPARISONS else None
     return System(f"LRA {task}", "lra.md", "acc", True, old, comparison, paper or {}, data,
-                  f"lra/{task}_transformer_cpu", f"lra_{task}.json")
+                  f"lra/{task}_transformer_cpu", f"lra_{task}.json", **_longer(*(longer or (None, ""))))
+
+
+def _longer(comparison: str | None, what: str, why: str | None = None) -> dict[str, Any]:
+    """System fields of a longer comparison (none where it is not registered)."""
+    if comparison not in tuned.COMPARISONS:
+        return {}
+    return {"longer": comparison, "longer_what": what, **({"longer_why": why} if why else {})}
 
 
 def _uea(name: str, data: str, paper: dict[str, float] | None = None) -> System:
@@ -77,8 +110,10 @@ def _uea(name: str, data: str, paper: dict[str, float] | None = None) -> System:
 
 
 SYSTEMS = [
-    _lra("listops", "our generator, 100-500 tokens (the paper's task at 500-2000)"),
-    _lra("image", "Fashion-MNIST stand-in (paper: CIFAR-10)"),
+    _lra("listops", "our generator, 100-500 tokens (the paper's task at 500-2000)",
+         longer=("lra/listops-96k", "the authors' amount of data, 96K training examples at 50-200 tokens",
+                 "on 7.2K examples every model sits at the first-operator lookup")),
+    _lra("image", "Fashion-MNIST stand-in (paper: CIFAR-10)", longer=("lra/image-4x", "4× the steps")),
     _lra("text", "IMDB (Pang & Lee) stand-in, 1000 bytes"),
     _lra("retrieval", "Shakespeare / Bible pairs stand-in"),
     _lra("pathfinder", "our generator (paper: LRA's images)"),
@@ -93,13 +128,14 @@ SYSTEMS = [
            {label: [RESULTS / "vision_runs" / f"fmnist_{kind}"] for kind, label in
             (("vit", "Transformer"), ("primalformer", "PrimalFormer"), ("primal+", "Primal.+Trans."))},
            "vision/fmnist", {}, "Fashion-MNIST ViT stand-in (paper: ImageNet DeiT-S)", "vision/fmnist_vit",
-           "vision_fmnist.json"),
+           "vision_fmnist.json", **_longer("vision/fmnist-30ep", "30 epochs")),
     System("Causal LM", "lm.md", "ppl", False,
            {label: [RESULTS / "lm_runs" / f"corpora_{kind}"] for kind, label in
             (("transformer", "Transformer"), ("primalformer", "PrimalFormer"), ("primal+", "Primal.+Trans."))},
            "lm/corpora" if "lm/corpora" in tuned.COMPARISONS else None, {},
            "Shakespeare / Milton / Bible stand-in (paper: WikiText-103)", "lm/corpora_transformer",
-           "lm_corpora.json", init="init unchanged (its departures from the authors' in docs/method.md §8)"),
+           "lm_corpora.json", init="init unchanged (its departures from the authors' in docs/method.md §8)",
+           **_longer("lm/corpora-4x", "4× the steps at every model's two best rates")),
     System("Offline RL (9-dataset mean)", "rl.md", "score", True,
            {"Transformer": [RESULTS / "rl_runs" / f"{d}_dt" for d in RL_DATASETS],
             "Primal.+Trans.": [RESULTS / "rl_runs" / f"{d}_primal+" for d in RL_DATASETS]},
@@ -168,9 +204,9 @@ def _baseline(system: System, compute: bool) -> tuple[str, float | None]:
     """(cell text, best mean) of the best trivial baseline for the system's metric."""
     path = RESULTS / "baselines" / system.baseline_file if system.baseline_file else None
     rows = None
-    if system.tuned:
+    if _comparison(system):
         try:
-            rows = tuned.baselines(system.tuned, compute=compute) if compute or _cached(system) else None
+            rows = tuned.baselines(_comparison(system), compute=compute) if compute or _cached(system) else None
         except LookupError:
             rows = None  # stored for other seeds or an older version: "not computed yet" until --baselines
         except Exception as err:  # noqa: BLE001 - the page says why, the rest of it still renders
@@ -193,7 +229,7 @@ def _baseline(system: System, compute: bool) -> tuple[str, float | None]:
 
 
 def _cached(system: System) -> bool:
-    return (RESULTS / "baselines" / f"{system.tuned.replace('/', '_')}.json").is_file()
+    return (RESULTS / "baselines" / f"{_comparison(system).replace('/', '_')}.json").is_file()
 
 
 def _values(system: System) -> tuple[dict[str, list[float]], str, bool]:
@@ -202,16 +238,17 @@ def _values(system: System) -> tuple[dict[str, list[float]], str, bool]:
     values = system.tuned_values() if system.tuned_values else None
     if values:
         return values, f"{TUNED}, {system.init}", True
-    if system.tuned:
-        outs = {e.label: outcome(e) for e in tuned.entries(system.tuned)}
+    if _comparison(system):
+        outs = {e.label: outcome(e) for e in tuned.entries(_comparison(system))}
         ready = [o for o in outs.values() if o is not None and len(o.test) >= 2]
         if len(ready) == len(outs):
             # an LM sweep selects and stores the loss (nats per token); the page's metric is its exp, perplexity
             convert = math.exp if system.metric == "ppl" and ready[0].metric == "loss" else (lambda v: scale * v)
             rising = [f"{label} {k}/{n}" for label, o in outs.items() for k, n in [still_improving(o)] if k]
             note = f"; validation still improving at the schedule's end (seeds): {', '.join(rising)}" if rising else ""
-            return {label: [convert(v) for v in o.test] for label, o in outs.items()}, f"{TUNED}, {system.init}{note}", True
-    return _earlier(system), EARLIER + _parts_note(system), False
+            return ({label: [convert(v) for v in o.test] for label, o in outs.items()},
+                    f"{TUNED}, {system.init}{note}{_longer_note(system)}", True)
+    return _earlier(system), EARLIER + _parts_note(system) + _longer_note(system), False
 
 
 def _parts_note(system: System) -> str:

@@ -50,8 +50,21 @@ COMPARISONS = {
 #: the LM again at a 4x schedule (6000 steps, warmup and evaluations scaled alike) at the two best rates of
 #: every model on the 1500-step grid (1e-2, 3e-3): does the ranking hold once validation flattens?
 COMPARISONS["lm/corpora-4x"] = COMPARISONS["lm/corpora"]
+#: schedules long enough to flatten, where the short one left the Transformer under the linear baseline with
+#: curves still rising: LRA Image at 4x the steps and the Fashion-MNIST ViT at 30 epochs (6x), each at the two
+#: best rates of every model on its short grid; ListOps with the authors' amount of data (96K training
+#: examples, lengths 50-200 so that it fits the CPU), a new task, so swept on the full grid.
+COMPARISONS["lra/image-4x"] = COMPARISONS["lra/image"]
+COMPARISONS["vision/fmnist-30ep"] = COMPARISONS["vision/fmnist"]
+COMPARISONS["lra/listops-96k"] = COMPARISONS["lra/listops"]
 #: a comparison's own grid instead of GRID, not widened (a confirmation at fixed rates, not a search)
-FIXED_GRIDS: dict[str, dict[str, list[float]]] = {"lm/corpora-4x": {"optim.lr": [3e-3, 1e-2]}}
+FIXED_GRIDS: dict[str, dict[str, list[float]]] = {"lm/corpora-4x": {"optim.lr": [3e-3, 1e-2]},
+                                                  "lra/image-4x": {"optim.lr": [3e-4, 1e-3]},
+                                                  "vision/fmnist-30ep": {"optim.lr": [3e-3, 1e-2]}}
+#: a longer comparison -> (its short one, the time of one of its runs over one of the short one's), for the
+#: CPU estimate before any of its own runs exists (ListOps 96K: 4x the steps at 0.4x the length).
+LONGER = {"lm/corpora-4x": ("lm/corpora", 4.0), "lra/image-4x": ("lra/image", 4.0),
+          "vision/fmnist-30ep": ("vision/fmnist", 6.0), "lra/listops-96k": ("lra/listops", 1.6)}
 #: offline RL, one comparison per dataset (DT vs Primal.+DT); each needs its dataset collected first
 #: (`primal data collect-rl ENV`), and a worker passes over those that are not.
 RL_DATASETS = [f"{env}-{ds}" for env in D4RL_SCORES for ds in DATASETS]
@@ -66,13 +79,20 @@ RL_CPU_SCHEDULE = ["model.dim=128", "model.ffn_dim=512", "train.batch_size=32", 
                    "optim.warmup_steps=100", "train.eval_every=500", f"data.options.eval_episodes={RL_EVAL_EPISODES}"]
 #: a comparison's stores (and run folders) are <config stem><suffix>, apart from another comparison's of the
 #: same configs (a sweep's cells are keyed by grid point only, so a changed schedule needs its own store).
-STORE_SUFFIX = {"lm/corpora-4x": "_4x", **{f"rl/{d}": f"_ep{RL_EVAL_EPISODES}" for d in RL_DATASETS}}
+STORE_SUFFIX = {"lm/corpora-4x": "_4x", "lra/image-4x": "_4x", "vision/fmnist-30ep": "_30ep", "lra/listops-96k": "_96k",
+                **{f"rl/{d}": f"_ep{RL_EVAL_EPISODES}" for d in RL_DATASETS}}
 #: per-comparison overrides applied to every model and grid point alike (the UEA configs train 100
 #: epochs under the authors' protocol; the holdout protocol is forced by the sweep itself).
 #: BasicMotions keeps its earlier 30 epochs; FSDD (2000 clips) had 3, doubled here toward a flat validation curve.
 OVERRIDES: dict[str, list[str]] = {"uea/JapaneseVowels": ["train.epochs=30"], "uea/BasicMotions": ["train.epochs=30"],
                                    "lm/corpora-4x": ["train.steps=6000", "optim.warmup_steps=800", "train.eval_every=500"],
-                                   "uea/FSDD": ["train.epochs=6"], **{f"rl/{d}": RL_CPU_SCHEDULE for d in RL_DATASETS}}
+                                   "uea/FSDD": ["train.epochs=6"], **{f"rl/{d}": RL_CPU_SCHEDULE for d in RL_DATASETS},
+                                   "lra/image-4x": ["train.steps=4000", "optim.warmup_steps=400", "train.eval_every=400"],
+                                   "vision/fmnist-30ep": ["train.epochs=30"],
+                                   "lra/listops-96k": ["data.max_examples=96000", "data.max_test_examples=2000",
+                                                       "data.seq_len=200", "data.options.min_length=50",
+                                                       "data.options.max_length=200", "train.steps=6000",
+                                                       "optim.warmup_steps=600", "train.eval_every=600"]}
 
 
 #: the model every other model of a comparison is measured against.
@@ -241,6 +261,11 @@ def remaining(comparison: str) -> tuple[int, float | None, str]:
         done = sweep.results()
         runs += len(sweep.points) - len(done) + len(sweep.final_seeds) - len(sweep.finals())
         times += [float(p.metrics["wall_time_s"]) for p in done if p.metrics.get("wall_time_s")]
+    if not times and comparison in LONGER:  # the short comparison's runs, scaled to this schedule
+        short, scale = LONGER[comparison]
+        times = [scale * float(p.metrics["wall_time_s"]) for sweep in sweeps_of(short) for p in sweep.results()
+                 if p.metrics.get("wall_time_s")]
+        source = f"the runs of {short}, times {scale:g} (this schedule's length)"
     if not times:  # the earlier runs of the same configs (their own schedule), where a page keeps them
         source = "the earlier runs of the same configs (their own schedule)"
         for config in COMPARISONS[comparison]:
