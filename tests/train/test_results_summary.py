@@ -75,3 +75,22 @@ def test_a_longer_comparison_fills_its_row_once_complete_and_until_then_says_how
     listops = next(s for s in summary.SYSTEMS if s.name == "LRA listops")
     assert "first-operator lookup" in listops.longer_why
     assert not next(s for s in summary.SYSTEMS if s.name == "LRA text").longer
+
+
+def test_a_tuned_row_flags_a_choice_at_the_grids_edge(tmp_path, monkeypatch) -> None:
+    from primal_attention.studies.comparison import Entry, Outcome
+
+    summary = _summary(monkeypatch, tmp_path)
+    jv = next(s for s in summary.SYSTEMS if s.name == "UEA JapaneseVowels")
+    grid = {"optim.lr": [1e-4, 1e-3, 1e-2]}
+
+    def made(entry: Entry) -> Outcome:
+        chosen = {"optim.lr": 1e-2 if entry.label == "PrimalFormer" else 1e-3}
+        points = [{"point": {"optim.lr": v}, "val_acc": 0.5} for v in grid["optim.lr"]]
+        return Outcome(entry, "acc", True, points, chosen, [0.9, 0.91], [0.9, 0.91], [0.9, 0.91], [[], []], grid)
+
+    monkeypatch.setattr(summary, "outcome", made)
+    values, source, is_tuned = summary._values(jv)
+    assert is_tuned and values["PrimalFormer"] == [90.0, 91.0]
+    assert "; chosen at the grid's edge: PrimalFormer (optim.lr 0.01, the largest)" in source
+    assert "Transformer (" not in source.split("edge:")[1]

@@ -26,7 +26,7 @@ from primal_attention.studies import sweeps as tuned
 from primal_attention.studies.paths import ROOT
 
 from primal_attention.studies.comparison import (
-    baselines_for, clears_baseline, outcome, still_improving, verdict_against_claim)
+    at_grid_edge, baselines_for, clears_baseline, outcome, still_improving, verdict_against_claim)
 from primal_attention.train.stats import value_cell, welch_difference
 
 RESULTS = ROOT / "docs" / "results"
@@ -246,6 +246,8 @@ def _values(system: System) -> tuple[dict[str, list[float]], str, bool]:
             convert = math.exp if system.metric == "ppl" and ready[0].metric == "loss" else (lambda v: scale * v)
             rising = [f"{label} {k}/{n}" for label, o in outs.items() for k, n in [still_improving(o)] if k]
             note = f"; validation still improving at the schedule's end (seeds): {', '.join(rising)}" if rising else ""
+            edges = [f"{label} ({edge})" for label, o in outs.items() if (edge := at_grid_edge(o))]
+            note += f"; chosen at the grid's edge: {', '.join(edges)}" if edges else ""
             return ({label: [convert(v) for v in o.test] for label, o in outs.items()},
                     f"{TUNED}, {system.init}{note}{_longer_note(system)}", True)
     return _earlier(system), EARLIER + _parts_note(system) + _longer_note(system), False
