@@ -72,3 +72,17 @@ def test_a_recollection_that_differs_keeps_the_earlier_record_beside_it(tmp_path
     assert page.card_sections("hopper", _card(37.0), kept) == both
     assert page.card_sections("hopper", None, kept) == both
     assert page.card_sections("walker2d", None, kept) == []
+
+
+def test_a_third_collection_keeps_both_earlier_records_each_named_by_the_runs_that_used_it(tmp_path, monkeypatch) -> None:
+    page = _script(monkeypatch, tmp_path / "rl.md")
+    both = page.card_sections("hopper", _card(37.0), {"hopper": page.card_sections("hopper", _card(31.5), {})[0]})
+    (tmp_path / "rl.md").write_text("# RL\n\n## Collected datasets\n\n" + "\n\n".join(both) + "\n")
+    three = page.card_sections("hopper", _card(40.0), page.kept_card_sections())
+    assert [s.split("**")[1] for s in three] == ["hopper", "hopper, first tuned round's collection",
+                                                 "hopper, earlier collection"]
+    assert "| 40.0 |" in three[0] and "| 37.0 |" in three[1] and "| 31.5 |" in three[2]
+    assert "(the data of the first tuned round;" in three[1]
+    (tmp_path / "rl.md").write_text("# RL\n\n## Collected datasets\n\n" + "\n\n".join(three) + "\n")
+    kept = page.kept_card_sections()
+    assert page.card_sections("hopper", _card(40.0), kept) == three == page.card_sections("hopper", None, kept)

@@ -137,6 +137,8 @@ def test_rl_old_vs_new_rows_read_the_first_round_with_and_without_its_reused_swe
     from primal_attention.studies import rl as page
 
     tuned = _script(monkeypatch, tmp_path)
+    monkeypatch.setattr(page, "FIRST_ROUND_BEHAVIOUR", tmp_path / "behaviour.json")
+    (tmp_path / "behaviour.json").write_text(json.dumps({"hopper-medium": 37.0}))
     monkeypatch.setattr(tuned, "RL_DATASETS", ["hopper-medium"])
     monkeypatch.setattr(tuned, "COMPARISONS", {"rl/hopper-medium": ["rl/hopper-medium_dt", "rl/hopper-medium_primal+"]})
     assert page.round_comparison_lines() == []  # no first round stored
@@ -152,5 +154,5 @@ def test_rl_old_vs_new_rows_read_the_first_round_with_and_without_its_reused_swe
     rows = [line for line in page.round_comparison_lines() if line.startswith("| hopper-medium")]
     assert len(rows) == 1
     cells = [c.strip() for c in rows[0].strip("|").split("|")]
-    assert cells[2:6] == ["0.01", "60.0", "40.3 ± 17.0 (n=3)", "30.5 ± 0.7 (n=2)"] and cells[6:] == ["–", "–"]
+    assert cells[2:7] == ["37.0", "0.01", "60.0", "40.3 ± 17.0 (n=3)", "30.5 ± 0.7 (n=2)"] and cells[7:] == ["–", "–"]
     assert tuned.entries("rl/hopper-medium")[0].store == tmp_path / f"hopper-medium_dt_ep{tuned.RL_EVAL_EPISODES}"

@@ -80,16 +80,20 @@ def collect_command(card: dict) -> str:
     return " ".join(["primal data collect-rl", card["env"], *flags])
 
 
-#: the bold header of an environment's earlier collection, kept on the page once the data are collected again.
-EARLIER = "{env}, earlier collection"
+#: the bold headers of an environment's earlier collections, oldest first, each with the runs that used it: a
+#: record moves here when the data are collected again and differ (SAC need not retrace a collection).
+PRIOR = [("{env}, earlier collection", "the data of the previous runs"),
+         ("{env}, first tuned round's collection", "the data of the first tuned round")]
+#: kept for the older name of the first header
+EARLIER = PRIOR[0][0]
 
 
 def kept_card_sections() -> dict[str, str]:
     """The page's own record of each environment's collection (its "**env** ..." paragraph and table), and of
-    an earlier collection kept beside it ("**env, earlier collection** ..."), keyed by the bold header."""
+    the earlier collections kept beside it (PRIOR's headers), keyed by the bold header."""
     old = PAGE.read_text() if PAGE.is_file() else ""
     text = old.split("## Collected datasets\n", 1)[1] if "## Collected datasets\n" in old else ""
-    headers = set(D4RL_SCORES) | {EARLIER.format(env=env) for env in D4RL_SCORES}
+    headers = set(D4RL_SCORES) | {h.format(env=env) for env in D4RL_SCORES for h, _ in PRIOR}
     out: dict[str, str] = {}
     for block in text.split("\n**"):
         block = block.strip().removeprefix("**")
@@ -104,12 +108,13 @@ def _table(section: str) -> list[str]:
 
 
 def card_sections(env: str, card: dict | None, kept: dict[str, str]) -> list[str]:
-    """An environment's collection record(s) on the page: the card in this machine's cache (else the page's
-    own record), and the earlier collection's record where the data were collected again and differ from it
-    (SAC need not retrace a collection): the previous runs used that earlier data."""
-    earlier = EARLIER.format(env=env)
+    """An environment's collection record(s) on the page, newest first: the card in this machine's cache (else
+    the page's own record), then the earlier collections' records (PRIOR). Where the card's data differ from
+    the page's record (SAC need not retrace a collection), that record moves to the first PRIOR header not yet
+    used: the runs named there used it."""
+    priors = [kept[h] for h in (p.format(env=env) for p, _ in reversed(PRIOR)) if h in kept]
     if card is None:
-        return [kept[h] for h in (env, earlier) if h in kept]
+        return [kept[env], *priors] if env in kept else priors
     med = card["medium_policy"]
     lines = [f"**{env}** ({card['gymnasium_env']}, seed {card['seed']}; `{collect_command(card)}`): "
              f"SAC {card['sac']['steps']} steps "
@@ -122,13 +127,16 @@ def card_sections(env: str, card: dict | None, kept: dict[str, str]) -> list[str
         lines.append(f"| {name} | {d['transitions']} | {d['episodes']} | {d['return_mean']:.0f} ± {d['return_std']:.0f} | "
                      f"{d['return_min']:.0f} | {d['return_max']:.0f} | {d['score_mean']:.1f} |")
     current = "\n".join(lines)
-    if earlier in kept:
-        return [current, kept[earlier]]
+    free = [(h.format(env=env), used_by) for h, used_by in PRIOR if h.format(env=env) not in kept]
     if env in kept and _table(kept[env]) != _table(current):
+        if not free:
+            raise ValueError(f"rl.md keeps {len(PRIOR)} earlier collections of {env}; name the runs of another "
+                             "in studies.rl.PRIOR")
+        header, used_by = free[0]
         body = kept[env].removeprefix(f"**{env}**")
-        return [current, f"**{earlier}** (the data of the previous runs; this machine collected {env} again, "
-                         f"and SAC did not retrace it){body}"]
-    return [current]
+        return [current, f"**{header}** ({used_by}; this machine collected {env} again, "
+                         f"and SAC did not retrace it){body}", *priors]
+    return [current, *priors]
 
 
 def collected(env: str, dataset: str) -> bool:
@@ -174,6 +182,11 @@ def tuned_lines() -> list[str]:
     return lines + tuned.not_rerun_note({d: f"rl/{d}" for d in tuned.RL_DATASETS})
 
 
+#: the behaviour policy's normalised score per dataset of the data the first tuned round used (a copy of
+#: sweeps.COLLECTED_BEHAVIOUR taken before the second round's collection replaced it).
+FIRST_ROUND_BEHAVIOUR = ROOT / "docs" / "results" / "baselines" / "rl_first_round_behaviour.json"
+
+
 def first_round(dataset: str, model: str) -> dict | None:
     """The first tuned round of ``dataset`` for ``model`` (its store without the schedule's suffix), as the
     audit read it: the chosen rate (the one final folder), the sweep's seed-0 run of that rate (which the
@@ -194,6 +207,7 @@ def round_comparison_lines() -> list[str]:
     seed-0 run, chosen on 5 validation episodes, reused beside fresh seeds 1, 2), the same without that run,
     and the second round (every final seed fresh, 20 validation and 20 test episodes on disjoint env seeds)."""
     rows = []
+    behaviour = json.loads(FIRST_ROUND_BEHAVIOUR.read_text()) if FIRST_ROUND_BEHAVIOUR.is_file() else {}
     for d in tuned.RL_DATASETS:
         new = {e.label: outcome(e) for e in tuned.entries(f"rl/{d}")}
         for key, label in MODELS.items():
@@ -205,7 +219,8 @@ def round_comparison_lines() -> list[str]:
             second = ("–", "–") if o is None else (
                 f"{o.chosen['optim.lr']:g}" if o.chosen else "not chosen yet",
                 f"{value_cell(o.test, 1)} (n={len(o.test)})" if o.test else "–")
-            rows.append(f"| {d} | {label} | {old['chosen']} | {old['sweep_run']:.1f} | "
+            first_behaviour = f"{behaviour[d]:.1f}" if d in behaviour else "–"
+            rows.append(f"| {d} | {label} | {first_behaviour} | {old['chosen']} | {old['sweep_run']:.1f} | "
                         f"{value_cell([old['sweep_run'], *fresh], 1)} (n={1 + len(fresh)}) | "
                         f"{value_cell(fresh, 1)} (n={len(fresh)}) | {second[0]} | {second[1]} |")
     if not rows:
@@ -217,10 +232,10 @@ def round_comparison_lines() -> list[str]:
             f"{tuned.RL_EVAL_EPISODES} validation and {tuned.RL_EVAL_EPISODES} test episodes (env seeds 10000+ and 20000+, "
             "disjoint), sweeps again on that, and trains fresh final seeds 1, 2, 3. Val-selected test score "
             "(D4RL-normalised), mean ± sample std. The rounds need not share their data (see the collection cards), "
-            "so read each against its own behaviour baseline.", "",
-            "| dataset | model | first round: lr | the sweep's seed-0 run | first round as reported (seeds 0, 1, 2) | "
-            "without the reused run (seeds 1, 2) | second round: lr | second round (fresh seeds) |",
-            "|---|---|---|---|---|---|---|---|", *rows, ""]
+            "so read each against its own behaviour baseline (the second round's: its sections above).", "",
+            "| dataset | model | first round: behaviour | first round: lr | the sweep's seed-0 run | first round as reported "
+            "(seeds 0, 1, 2) | without the reused run (seeds 1, 2) | second round: lr | second round (fresh seeds) |",
+            "|---|---|---|---|---|---|---|---|---|", *rows, ""]
 
 
 def write_page() -> None:
