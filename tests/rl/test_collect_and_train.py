@@ -155,3 +155,28 @@ def test_a_crafted_agent_or_replay_file_in_the_cache_runs_no_code(tmp_path, monk
 
 def test_the_collector_keeps_no_pickle(collected) -> None:
     assert not list((collected / "rl").glob("**/*.pkl"))
+
+
+def test_ridge_fit_recovers_a_linear_map_and_shrinks_all_but_the_bias() -> None:
+    import torch
+
+    from primal_attention.train.trivial import ridge_fit
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(500, 4, generator=g)
+    w = torch.randn(4, 2, generator=g)
+    y = x @ w + torch.tensor([0.5, -1.0])
+    fit = ridge_fit(x, y, 1e-8)
+    assert np.allclose(fit[:4], w.numpy(), atol=1e-6) and np.allclose(fit[4], [0.5, -1.0], atol=1e-6)
+    heavy = ridge_fit(x, y, 1e9)  # the weights go to 0; the bias becomes the mean of y
+    assert np.abs(heavy[:4]).max() < 1e-4 and np.allclose(heavy[4], y.mean(0).numpy(), atol=1e-3)
+
+
+def test_rl_baselines_are_the_behaviour_policy_and_a_linear_policy_rolled_out(collected) -> None:
+    proc = cli("baselines", str(ROOT / "configs" / "rl" / "hopper-medium_dt.yaml"), "--set", "data.options.eval_episodes=2",
+               "--set", "data.options.max_ep_len=40", cache=collected)
+    assert proc.returncode == 0, proc.stderr
+    rows = json.loads(proc.stdout)["seed_0"]
+    assert set(rows) == {"behaviour", "linear"}
+    assert "selected on 2 validation rollouts" in rows["linear"]["what"]
+    assert all(np.isfinite(rows["linear"][k]) for k in ("val_score", "test_score"))

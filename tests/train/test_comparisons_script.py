@@ -156,3 +156,23 @@ def test_rl_old_vs_new_rows_read_the_first_round_with_and_without_its_reused_swe
     cells = [c.strip() for c in rows[0].strip("|").split("|")]
     assert cells[2:7] == ["37.0", "0.01", "60.0", "40.3 ± 17.0 (n=3)", "30.5 ± 0.7 (n=2)"] and cells[7:] == ["–", "–"]
     assert tuned.entries("rl/hopper-medium")[0].store == tmp_path / f"hopper-medium_dt_ep{tuned.RL_EVAL_EPISODES}"
+
+
+def test_cached_baselines_of_other_data_are_stale_and_unknown_data_reads_the_cache(tmp_path, monkeypatch) -> None:
+    import pytest
+
+    from primal_attention.studies.comparison import baselines_for
+    from primal_attention.train import trivial
+
+    calls = []
+    monkeypatch.setattr(trivial, "trivial_baselines", lambda cfg, seed: calls.append(seed) or
+                        {"linear": {"what": "w", "test_score": 10.0 + len(calls)}})
+    config = ROOT / "configs" / "rl" / "hopper-medium_dt.yaml"
+    cache = tmp_path / "rl_hopper-medium.json"
+    first = baselines_for(config, (1,), cache, data_key={"episodes": 10})
+    assert first["linear"]["test_score"] == [11.0] and calls == [1]
+    assert baselines_for(config, (1,), cache, data_key={"episodes": 10}) == first and calls == [1]  # cached
+    assert baselines_for(config, (1,), cache, compute=False) == first  # data unknown here: the record stands
+    with pytest.raises(LookupError):  # re-collected data: the record is stale and not recomputed without compute
+        baselines_for(config, (1,), cache, compute=False, data_key={"episodes": 12})
+    assert baselines_for(config, (1,), cache, data_key={"episodes": 12})["linear"]["test_score"] == [12.0]

@@ -26,6 +26,11 @@ def test_the_rl_baseline_of_the_tuned_average_needs_every_datasets_card(tmp_path
     assert summary._rl_collected_baseline() == ("behaviour 4.0", 4.0)
     rl = next(s for s in summary.SYSTEMS if s.name.startswith("Offline RL"))
     assert rl.tuned_baseline() == ("behaviour 4.0", 4.0)
+    linear = {f"rl/{d}": {"test_score": [scores[d] + 2.0]} for d in summary.RL_DATASETS[:-1]}
+    monkeypatch.setattr(summary.tuned, "rl_linear_baseline", lambda c, compute=True: linear.get(c))
+    assert summary._rl_collected_baseline() == ("behaviour 4.0", 4.0)  # the linear policy on 8 of 9: not used
+    linear[f"rl/{summary.RL_DATASETS[-1]}"] = {"test_score": [10.0]}  # mean (1+2+...+7 + 2*8 + 10) / 9 = 6.0
+    assert summary._rl_collected_baseline() == ("linear 6.0", 6.0)
 
 
 def test_a_row_still_on_earlier_runs_says_how_far_its_tuned_parts_are(tmp_path, monkeypatch) -> None:

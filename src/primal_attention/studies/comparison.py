@@ -76,13 +76,15 @@ BASELINES_VERSION = 2
 
 
 def baselines_for(config: Path, seeds: Sequence[int], cache: Path, overrides: Sequence[str] = (), *,
-                  compute: bool = True) -> dict[str, Any]:
+                  compute: bool = True, data_key: Any = None) -> dict[str, Any]:
     """Trivial baselines of ``config`` on the holdout splits of each seed (computed once, kept in ``cache``):
     ``{name: {"what": ..., "val_<m>": [per seed], "test_<m>": [per seed]}}``. With ``compute`` False a
     seed the cache lacks (or a cache of another version) is a LookupError instead of a computation
-    (pages render from what is stored; computing needs the data)."""
+    (pages render from what is stored; computing needs the data). ``data_key`` names the data (e.g. a
+    collection's statistics): a cache of other data is stale; None (the data unknown here) accepts any."""
     stored = json.loads(cache.read_text()) if cache.is_file() else {}
-    if stored.get("overrides") != list(overrides) or stored.get("version") != BASELINES_VERSION:
+    if stored.get("overrides") != list(overrides) or stored.get("version") != BASELINES_VERSION \
+            or (data_key is not None and stored.get("data_key") != data_key):
         stored = {}
     known = stored.get("seeds", [])
     from primal_attention.train.load import load_config
@@ -108,7 +110,8 @@ def baselines_for(config: Path, seeds: Sequence[int], cache: Path, overrides: Se
     if list(seeds) != known:
         cache.parent.mkdir(parents=True, exist_ok=True)
         cache.write_text(json.dumps({"config": shown_path(config), "seeds": list(seeds), "overrides": list(overrides),
-                                     "version": BASELINES_VERSION, "baselines": merged}, indent=2) + "\n")
+                                     "version": BASELINES_VERSION, "data_key": data_key if data_key is not None
+                                     else stored.get("data_key"), "baselines": merged}, indent=2) + "\n")
     return merged
 
 

@@ -151,11 +151,31 @@ def baselines(comparison: str, compute: bool = True) -> dict:
     if comparison.startswith("rl/"):
         name = comparison.removeprefix("rl/")
         scores = collected_behaviour()
-        return {"behaviour": {"what": "the dataset's own episodes (mean D4RL-normalised return)",
+        rows = {"behaviour": {"what": "the dataset's own episodes (mean D4RL-normalised return)",
                               "test_score": [scores[name]]}} if name in scores else {}
+        linear = rl_linear_baseline(comparison, compute)
+        return {**rows, **({"linear": linear} if linear else {})}
     first = ROOT / "configs" / f"{COMPARISONS[comparison][0]}.yaml"
     return baselines_for(first, seeds_for(comparison), BASELINES / f"{comparison.replace('/', '_')}.json",
                          OVERRIDES.get(comparison, []), compute=compute)
+
+
+def rl_linear_baseline(comparison: str, compute: bool = True) -> dict | None:
+    """The linear policy of an RL comparison's dataset (train.trivial.linear_policy, the comparison's own
+    rollouts; its env seeds do not depend on the run's seed, so one fit), kept in docs/results/baselines
+    and tied to the collection it was fit on (a re-collected dataset is fit again); None where it is
+    neither stored for this machine's data nor computable (the data not collected, or ``compute`` False)."""
+    name = comparison.removeprefix("rl/")
+    env, dataset = name.split("-", 1)
+    card = dataset_file(name).parent / f"{env}-seed0-card.json"
+    key = json.loads(card.read_text())["datasets"].get(dataset) if card.is_file() else None
+    try:
+        rows = baselines_for(ROOT / "configs" / f"{COMPARISONS[comparison][0]}.yaml", FINAL_SEEDS[:1],
+                             BASELINES / f"{comparison.replace('/', '_')}.json", OVERRIDES.get(comparison, []),
+                             compute=compute and dataset_file(name).is_file(), data_key=key)
+    except LookupError:
+        return None
+    return rows.get("linear")
 
 
 #: per RL dataset, the behaviour policy's normalised score read from the collection card of the data the

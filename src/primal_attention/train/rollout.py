@@ -11,6 +11,7 @@ and each step is one forward over it. Scores are D4RL-normalised (:func:`normali
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -20,7 +21,7 @@ from torch import nn
 from primal_attention.data.base import DataError
 from primal_attention.data.rl import ENVS, RETURN_SCALE, env_key, normalized_score
 
-__all__ = ["RolloutSet", "make_env", "rollout"]
+__all__ = ["RolloutSet", "make_env", "policy_rollout", "rollout"]
 
 
 def make_env(env: str):
@@ -110,7 +111,37 @@ def _rollout(model: nn.Module, rs: RolloutSet, device: torch.device) -> dict[str
             break
     for env in envs:
         env.close()
+    return _summary(rs, returns, lengths)
+
+
+def _summary(rs: RolloutSet, returns: np.ndarray, lengths: np.ndarray) -> dict[str, float]:
+    """Mean and std of the episodes' D4RL-normalised scores and raw returns, and the mean length."""
     scores = np.array([normalized_score(rs.env, r) for r in returns])
     std_of = lambda v: float(np.std(v, ddof=1)) if len(v) > 1 else math.nan  # noqa: E731
     return {"score": float(scores.mean()), "score_std": std_of(scores), "return": float(returns.mean()),
             "return_std": std_of(returns), "length": float(lengths.mean())}
+
+
+def policy_rollout(policy: Callable[[np.ndarray], np.ndarray], rs: RolloutSet) -> dict[str, float]:
+    """Run the episodes of ``rs`` with a memoryless ``policy``: normalised states (E, S) -> actions (E, A),
+    clipped to the action space; the same env seeds, horizon and scores as :func:`rollout` (a baseline's
+    rollouts are comparable with a model's)."""
+    envs = [make_env(rs.env) for _ in range(rs.episodes)]
+    low, high = envs[0].action_space.low, envs[0].action_space.high
+    obs = np.stack([env.reset(seed=rs.seed + i)[0] for i, env in enumerate(envs)])
+    returns, lengths = np.zeros(rs.episodes), np.zeros(rs.episodes, dtype=np.int64)
+    done = np.zeros(rs.episodes, dtype=bool)
+    for _ in range(rs.max_ep_len):
+        act = np.clip(policy((obs - rs.state_mean) / rs.state_std), low, high)
+        for i, env in enumerate(envs):
+            if done[i]:
+                continue
+            obs[i], reward, terminated, truncated, _ = env.step(act[i])
+            returns[i] += reward
+            lengths[i] += 1
+            done[i] = terminated or truncated
+        if done.all():
+            break
+    for env in envs:
+        env.close()
+    return _summary(rs, returns, lengths)

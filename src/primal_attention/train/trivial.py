@@ -12,7 +12,8 @@ split, drawn with ``train.seed``, that the models are selected on) and scores, p
   **outermost operator**: a lookup from the first token to the TRAIN majority label of that token.
 * language models: **unigram** and **bigram** models of TRAIN with add-k smoothing (k selected on
   validation): perplexity and bits per byte on the same targets the models are scored on.
-* offline RL: the **behaviour policy**, the D4RL-normalised mean return of the dataset's own episodes.
+* offline RL: the **behaviour policy**, the D4RL-normalised mean return of the dataset's own episodes; and a
+  **linear** policy (ridge regression of actions on states, the ridge selected on validation rollouts).
 
 Every entry: ``{"val_<metric>": ..., "test_<metric>": ..., "what": a one-line description}``.
 """
@@ -23,6 +24,7 @@ import dataclasses
 import math
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -234,6 +236,34 @@ def lm_baselines(splits) -> dict[str, dict[str, Any]]:
                         f"{split}_bpb": nll * (stream.numel() - 1) / (math.log(2) * max(nbytes, 1))})
         out[name] = row
     return out
+
+
+def ridge_fit(x: Tensor, y: Tensor, ridge: float) -> np.ndarray:
+    """Weights (F + 1, O) of ``y (N, O) ≈ [x, 1] @ w`` for ``x (N, F)``, L2 penalty ``ridge`` on all but the
+    bias row (the last), closed form in float64."""
+    xb = torch.cat([x.double(), torch.ones(len(x), 1, dtype=torch.float64)], 1)
+    reg = ridge * torch.eye(xb.shape[1], dtype=torch.float64)
+    reg[-1, -1] = 0.0
+    return torch.linalg.solve(xb.T @ xb + reg, xb.T @ y.double()).numpy()
+
+
+def linear_policy(train, val, test, *, ridges: tuple[float, ...] = (1e-2, 1.0, 1e2, 1e4)) -> dict[str, Any]:
+    """Linear behaviour cloning: ridge regression of the dataset's actions on its normalised states (with a
+    bias; no return conditioning), one closed-form fit per ridge; the ridge whose VALIDATION rollouts
+    score best (ties: the larger ridge) is rolled out once on TEST. ``train`` is the :class:`RLData`,
+    ``val`` and ``test`` its :class:`RolloutSet` s (the models' own env seeds and horizon)."""
+    from primal_attention.train.rollout import policy_rollout
+
+    best: tuple[float, float, np.ndarray] | None = None
+    for ridge in sorted(ridges, reverse=True):
+        w = ridge_fit(train.states, train.actions, ridge)
+        score = policy_rollout(lambda s, w=w: np.c_[s, np.ones(len(s))] @ w, val)["score"]
+        if best is None or score > best[0]:
+            best = (score, ridge, w)
+    score_v, ridge, w = best
+    test_score = policy_rollout(lambda s: np.c_[s, np.ones(len(s))] @ w, test)["score"]
+    return {"what": f"linear behaviour cloning (ridge regression of actions on states; ridge {ridge:g} selected on "
+                    f"{val.episodes} validation rollouts)", "val_score": score_v, "test_score": test_score}
 
 
 def _predicted_stream(data) -> Tensor:

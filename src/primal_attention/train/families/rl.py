@@ -100,6 +100,9 @@ class RLFamily(Family):
     def trivial_baselines(self, cfg: ExperimentConfig, splits: Splits) -> dict[str, dict[str, Any]]:
         from primal_attention.data.rl import normalized_score
 
+        from primal_attention.train.trivial import linear_policy
+
         score = normalized_score(splits.train.env, splits.train.meta["return_mean"])
         return {"behaviour": {"what": "the dataset's own episodes (mean D4RL-normalised return)",
-                              "val_score": score, "test_score": score}}
+                              "val_score": score, "test_score": score},
+                "linear": linear_policy(splits.train, splits.val, splits.test)}
