@@ -168,8 +168,9 @@ def tuned_lines() -> list[str]:
     the average over the datasets once all are done, and what is not rerun yet."""
     lines = ["## Tuned comparison: per-model learning rate (validation rollouts select)", "",
              "Each dataset: `scripts/sweep_comparisons.py --only rl/<env>-<dataset>` (the CPU schedule above, each dataset collected first; "
-             "the trivial baseline is the behaviour policy, the dataset's own episodes, read from the card of the data "
-             "these runs used). A dataset collected again need not retrace the collection behind the earlier runs "
+             "the trivial baselines: the behaviour policy, the dataset's own episodes, read from the card of the data "
+             "these runs used; and a linear policy, ridge regression of actions on states with the ridge chosen on "
+             "the validation rollouts, scored once on the test rollouts). A dataset collected again need not retrace the collection behind the earlier runs "
              "below (SAC did not retrace it for hopper here), so compare a tuned row with an earlier one only "
              "through each one's behaviour baseline.", ""]
     for d in tuned.RL_DATASETS:
@@ -255,8 +256,8 @@ def write_page() -> None:
         "",
         "**Model and schedule:** the paper's DT is 3 layers, D 256, H 4, K 20, 100k steps of batch 64; one such",
         "step takes about 1.5 s on one core of this machine, so the runs here use a **CPU schedule**: "
-        + ", ".join(f"`{s}`" for s in tuned.RL_CPU_SCHEDULE) + " (the first tuned round and the previous runs: "
-        f"`data.options.eval_episodes={tuned.RL_FIRST_ROUND_EPISODES}`; AdamW, wd 1e-4, clip 0.25,",
+        + ", ".join(f"`{s}`" for s in tuned.RL_CPU_SCHEDULE) + f" ({tuned.RL_FIRST_ROUND_EPISODES} episodes in the "
+        "first tuned round and the previous runs); AdamW, wd 1e-4, clip 0.25,",
         "ReLU, dropout 0.1, K 20 as the paper; Primal.+DT: last layer causal primal with the authors' s per",
         "dataset, η 0.05). Evaluation: rollouts in the environment conditioned on the authors' target return",
         "(hopper 3600, halfcheetah 12000, walker2d 5000), D4RL-normalised; validation rollouts (env seeds",
