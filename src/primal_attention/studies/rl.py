@@ -257,7 +257,7 @@ def write_page() -> None:
         "**Model and schedule:** the paper's DT is 3 layers, D 256, H 4, K 20, 100k steps of batch 64; one such",
         "step takes about 1.5 s on one core of this machine, so the runs here use a **CPU schedule**: "
         + ", ".join(f"`{s}`" for s in tuned.RL_CPU_SCHEDULE) + f" ({tuned.RL_FIRST_ROUND_EPISODES} episodes in the "
-        "first tuned round and the previous runs); AdamW, wd 1e-4, clip 0.25,",
+        "first tuned round and the previous runs; AdamW, wd 1e-4, clip 0.25,",
         "ReLU, dropout 0.1, K 20 as the paper; Primal.+DT: last layer causal primal with the authors' s per",
         "dataset, η 0.05). Evaluation: rollouts in the environment conditioned on the authors' target return",
         "(hopper 3600, halfcheetah 12000, walker2d 5000), D4RL-normalised; validation rollouts (env seeds",
