@@ -99,3 +99,15 @@ def test_a_tuned_row_flags_a_choice_at_the_grids_edge(tmp_path, monkeypatch) -> 
     assert is_tuned and values["PrimalFormer"] == [90.0, 91.0]
     assert "; chosen at the grid's edge: PrimalFormer (optim.lr 0.01, the largest)" in source
     assert "Transformer (" not in source.split("edge:")[1]
+
+
+def test_where_no_verdict_is_given_the_difference_carries_no_direction(tmp_path, monkeypatch) -> None:
+    summary = _summary(monkeypatch, tmp_path)
+    ref, primal = [80.0, 80.5, 80.2], [86.8, 86.6, 87.0]
+    values = {"Transformer": ref, "PrimalFormer": primal}
+    cell, verdict = summary._verdict(primal, ref, 84.6, True, values, "parity")  # the Transformer under the linear 84.6
+    assert verdict.startswith("no fair verdict") and cell.endswith("excludes 0") and "better" not in cell
+    cell, verdict = summary._verdict(primal, ref, 90.0, True, values, "parity")  # nobody above the baseline
+    assert verdict == "no signal on this budget" and cell.endswith("excludes 0")
+    cell, verdict = summary._verdict(primal, ref, 50.0, True, values, "parity")  # a fair comparison
+    assert cell.endswith("better") and verdict.startswith("not reproduced")

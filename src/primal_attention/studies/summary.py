@@ -290,10 +290,12 @@ def _verdict(values: list[float], ref: list[float], best_baseline: float | None,
     if len(values) < 2 or len(ref) < 2:
         return "–", "too few seeds"
     d = welch_difference(values, ref, maximize=maximize)
+    # where the comparison says nothing about attention, the interval is shown without the word better / worse
+    neutral = d.cell().removesuffix(d.verdict) + ("excludes 0" if d.verdict in ("better", "worse") else d.verdict)
     if not any(_clears(v, best_baseline, maximize) for v in all_values.values() if len(v) >= 2):
-        return d.cell(), "no signal on this budget"
+        return neutral, "no signal on this budget"
     if not _clears(ref, best_baseline, maximize):
-        return d.cell(), "no fair verdict: the Transformer is not above a trivial baseline"
+        return neutral, "no fair verdict: the Transformer is not above a trivial baseline"
     return d.cell(), verdict_against_claim(d.verdict, claimed)
 
 
@@ -333,7 +335,8 @@ def write_page(compute: bool) -> None:
         "when that is the paper's direction, *not reproduced* (with both directions) when it is not, and say *no",
         "claim in the paper* where the paper has no such row; or *no signal on this",
         "budget* (no model clearly above the best trivial baseline, so the comparison says nothing about attention),",
-        "*no fair verdict* (the Transformer itself is not above a trivial baseline: it was starved, not beaten).",
+        "*no fair verdict* (the Transformer itself is not above a trivial baseline: it was starved, not beaten); in",
+        "those two cases the Δ column gives the interval without a direction (*excludes 0*), since it is no verdict.",
         "⚠ marks a model whose mean is not above the best trivial baseline by more than one std.",
         "Where a system's tuned comparison (each model's learning rate swept on the same budget and selected on",
         "validation, the authors' init where the source column says so; `scripts/sweep_comparisons.py`) is not",
