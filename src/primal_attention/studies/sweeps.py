@@ -168,7 +168,9 @@ def rl_linear_baseline(comparison: str, compute: bool = True) -> dict | None:
     name = comparison.removeprefix("rl/")
     env, dataset = name.split("-", 1)
     card = dataset_file(name).parent / f"{env}-seed0-card.json"
-    key = json.loads(card.read_text())["datasets"].get(dataset) if card.is_file() else None
+    stats = json.loads(card.read_text())["datasets"].get(dataset) if card.is_file() else None
+    # the collection's statistics name the data (not the file's path: the cache folder differs per machine)
+    key = None if stats is None else {k: v for k, v in stats.items() if k != "file"}
     try:
         rows = baselines_for(ROOT / "configs" / f"{COMPARISONS[comparison][0]}.yaml", FINAL_SEEDS[:1],
                              BASELINES / f"{comparison.replace('/', '_')}.json", OVERRIDES.get(comparison, []),
