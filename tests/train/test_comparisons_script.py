@@ -176,3 +176,23 @@ def test_cached_baselines_of_other_data_are_stale_and_unknown_data_reads_the_cac
     with pytest.raises(LookupError):  # re-collected data: the record is stale and not recomputed without compute
         baselines_for(config, (1,), cache, compute=False, data_key={"episodes": 12})
     assert baselines_for(config, (1,), cache, data_key={"episodes": 12})["linear"]["test_score"] == [12.0]
+
+
+def test_final_seeds_wait_until_a_widened_grid_stops_widening(tmp_path, monkeypatch) -> None:
+    tuned = _script(monkeypatch, tmp_path)
+    grids = [[1e-4, 3e-3], [1e-4, 3e-3, 1e-2], [1e-4, 3e-3, 1e-2, 3e-2]]  # each pass's grid_for: widened twice
+    ran: list[tuple[str, float]] = []
+
+    class FakeSweep:
+        def __init__(self, lrs: list[float]) -> None:
+            self.grid = {"optim.lr": lrs}
+
+        def step(self, *, finals: bool = True) -> bool:
+            ran.append(("grid" if not finals else "finals", self.grid["optim.lr"][-1]))
+            return True
+
+    calls = iter(grids + [grids[-1]] * 3)
+    monkeypatch.setattr(tuned, "sweeps_of", lambda comparison: [FakeSweep(next(calls))])
+    group, complete = tuned.settled_grids("uea/JapaneseVowels")
+    assert all(complete) and group[0].grid == {"optim.lr": grids[-1]}
+    assert ran == [("grid", 3e-3), ("grid", 1e-2), ("grid", 3e-2)]  # no finals on the grids that widened

@@ -334,6 +334,17 @@ def sweeps_of(comparison: str) -> list[Sweep]:
     return [base_sweep(config, comparison, grid) for config in COMPARISONS[comparison]]
 
 
+def settled_grids(comparison: str) -> tuple[list[Sweep], list[bool]]:
+    """One pass over every model's grid of ``comparison`` (no final seeds), widened and passed over again for
+    as long as a completed grid widens (:func:`grid_for`), so that final seeds start only on a grid whose
+    every choice is interior: the sweeps and whether each grid is complete."""
+    group = sweeps_of(comparison)
+    grids = [s.step(finals=False) for s in group]
+    while all(grids) and (wider := sweeps_of(comparison))[0].grid != group[0].grid:
+        group, grids = wider, [s.step(finals=False) for s in wider]
+    return group, grids
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--only", help="comma-separated comparisons (default: all, in priority order)")
@@ -373,10 +384,7 @@ def main() -> None:
         # interrupted session leaves whole comparisons rather than one model far ahead of the others
         done = True
         for name in names:
-            group = sweeps_of(name)
-            grids = [s.step(finals=False) for s in group]
-            if all(grids) and (wider := sweeps_of(name))[0].grid != group[0].grid:
-                group, grids = wider, [s.step(finals=False) for s in wider]  # the grid widened just now
+            group, grids = settled_grids(name)
             done &= all([s.step() for s in group]) if all(grids) else False
         if done:
             return
