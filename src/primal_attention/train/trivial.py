@@ -241,10 +241,21 @@ def lm_baselines(splits) -> dict[str, dict[str, Any]]:
 def ridge_fit(x: Tensor, y: Tensor, ridge: float) -> np.ndarray:
     """Weights (F + 1, O) of ``y (N, O) ≈ [x, 1] @ w`` for ``x (N, F)``, L2 penalty ``ridge`` on all but the
     bias row (the last), closed form in float64."""
+    return ridge_path(x, y, (ridge,))[0]
+
+
+def ridge_path(x: Tensor, y: Tensor, ridges: tuple[float, ...]) -> list[np.ndarray]:
+    """:func:`ridge_fit` for each of ``ridges`` (in that order), the Gram matrix ``[x, 1]ᵀ[x, 1]`` formed once."""
     xb = torch.cat([x.double(), torch.ones(len(x), 1, dtype=torch.float64)], 1)
-    reg = ridge * torch.eye(xb.shape[1], dtype=torch.float64)
-    reg[-1, -1] = 0.0
-    return torch.linalg.solve(xb.T @ xb + reg, xb.T @ y.double()).numpy()
+    gram, rhs = xb.T @ xb, xb.T @ y.double()
+    penalty = torch.eye(xb.shape[1], dtype=torch.float64)
+    penalty[-1, -1] = 0.0
+    return [torch.linalg.solve(gram + ridge * penalty, rhs).numpy() for ridge in ridges]
+
+
+def _affine_policy(w: np.ndarray):
+    """The memoryless policy ``states (E, F) -> [states, 1] @ w`` of ridge weights ``w (F + 1, A)``."""
+    return lambda s: s @ w[:-1] + w[-1]
 
 
 def linear_policy(train, val, test, *, ridges: tuple[float, ...] = (1e-2, 1.0, 1e2, 1e4)) -> dict[str, Any]:
@@ -254,14 +265,14 @@ def linear_policy(train, val, test, *, ridges: tuple[float, ...] = (1e-2, 1.0, 1
     ``val`` and ``test`` its :class:`RolloutSet` s (the models' own env seeds and horizon)."""
     from primal_attention.train.rollout import policy_rollout
 
+    ridges = tuple(sorted(ridges, reverse=True))
     best: tuple[float, float, np.ndarray] | None = None
-    for ridge in sorted(ridges, reverse=True):
-        w = ridge_fit(train.states, train.actions, ridge)
-        score = policy_rollout(lambda s, w=w: np.c_[s, np.ones(len(s))] @ w, val)["score"]
+    for ridge, w in zip(ridges, ridge_path(train.states, train.actions, ridges)):
+        score = policy_rollout(_affine_policy(w), val)["score"]
         if best is None or score > best[0]:
             best = (score, ridge, w)
     score_v, ridge, w = best
-    test_score = policy_rollout(lambda s: np.c_[s, np.ones(len(s))] @ w, test)["score"]
+    test_score = policy_rollout(_affine_policy(w), test)["score"]
     return {"what": f"linear behaviour cloning (ridge regression of actions on states; ridge {ridge:g} selected on "
                     f"{val.episodes} validation rollouts)", "val_score": score_v, "test_score": test_score}
 
