@@ -5,7 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from primal_attention.studies.comparison import Entry, at_grid_edge, below_baseline, clears_baseline, outcome, tuned_section
+import pytest
+
+from primal_attention.studies.comparison import (Entry, Outcome, at_grid_edge, below_baseline, clears_baseline, outcome,
+                                             tuned_section)
 from primal_attention.train.sweep import Sweep, point_name
 
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "uea" / "JapaneseVowels_primal+.yaml"
@@ -54,14 +57,20 @@ def test_tuned_section_rows_choice_interval_and_baselines(tmp_path: Path) -> Non
     assert "**0.0001: 90.0** · 0.001: 85.0" in rows["PrimalFormer"]
     assert "0.0001: 75.0 (1 left)" in rows["Primal.+Trans."] and "| 0 |" in rows["Primal.+Trans."]
     assert "61.0 ± 1.0" in rows["Transformer"] and "3/3 flat" in rows["Transformer"]
-    assert "+19.0 [" in rows["PrimalFormer"] and "better" in rows["PrimalFormer"]
-    assert "3/3 still improving" in rows["PrimalFormer"]  # its best evaluation is the last one
+    assert "3/3 still improving" in rows["PrimalFormer"]  # a new best in the last quarter of its evaluations
     assert "*trivial: majority* (most frequent class)" in text
-    # the Transformer's 61.0 ± 1.0 is not clearly above the majority class's 61.0
+    # the Transformer's 61.0 ± 1.0 is not clearly above the majority class's 61.0: the +19 is no verdict
     assert below_baseline([ref, better, partial], baselines) == ["Transformer (61.0 vs majority 61.0)"]
     assert "**At or below a trivial baseline**" in text
-    assert "**Validation still rising at the end of the schedule** (the selected evaluation was the last one): " \
-           "PrimalFormer (3/3 seeds)." in text
+    assert "+19.0 [" in rows["PrimalFormer"] and "excludes 0" in rows["PrimalFormer"] and "better" not in rows["PrimalFormer"]
+    assert "**No verdict: the Transformer is not above a trivial baseline**" in text
+    assert "**Validation still rising at the end of the schedule** (a new best in the last quarter" in text
+    assert "PrimalFormer (3/3 seeds, +10.0)." in text  # 1.0 at the end against the earlier best 0.9
+    # without a baseline that the Transformer fails, the same difference is a verdict
+    fair = tuned_section([ref, better, partial], {"majority": {"what": "most frequent class", "test_acc": [0.5] * 3}},
+                         reference="Transformer")
+    assert any(line.startswith("| PrimalFormer") and line.split(" | ")[6].endswith("better") for line in fair)
+    assert not any(line.startswith("**No verdict") for line in fair)
     # stds 1.0 a side, n = 3: Welch df = 4, t = 2.776, half-width 2.776 · sqrt(2/3) = 2.27
     assert "**Smallest detectable difference** (half the width of the 95 % interval" in text
     assert "PrimalFormer ±2.3." in text
@@ -123,5 +132,35 @@ def test_a_loss_comparison_shows_its_difference_to_the_losss_digits_and_says_fal
     row = next(line for line in lines if line.startswith("| PrimalFormer"))
     assert "0.0001: 5.000 · **0.001: 4.700**" in row  # the lower validation loss is chosen
     assert "+0.034 [+0.0" in row and "worse" in row  # a loss difference to 0.001, not rounded to +0.0
-    assert "**Validation loss still falling at the end of the schedule**" in text and "PrimalFormer (3/3 seeds)" in text
+    assert "**Validation loss still falling at the end of the schedule**" in text and "PrimalFormer (3/3 seeds, +0.100)" in text  # 6 - 0.9 → 6 - 1.0
     assert "still rising" not in text
+
+
+def test_a_curve_still_improving_reaches_a_new_best_in_its_last_quarter(tmp_path: Path) -> None:
+    from primal_attention.studies.comparison import late_gains, no_verdict, still_improving
+
+    entry = Entry("x", CONFIG, tmp_path)
+
+    def made(*curves: list[float], maximize: bool = True) -> Outcome:
+        key = "val_acc" if maximize else "val_loss"
+        return Outcome(entry, "acc" if maximize else "loss", maximize, [], None, [], [], [],
+                       [[{key: v} for v in c] for c in curves], {})
+
+    # ten evaluations: the last three are the last quarter. A best at evaluation 9 of 10 still counts (the audit's
+    # LRA Image curves), a plateau reached early does not, nor a late value that only ties the earlier best.
+    late_peak = [0.1 * i for i in range(9)] + [0.75]
+    plateau = [0.5, 0.8, 0.9, 0.9, 0.9, 0.89, 0.9, 0.88, 0.9, 0.9]
+    assert still_improving(made(late_peak, plateau)) == (1, 2)
+    assert late_gains(made(late_peak))[0] == pytest.approx(100 * (0.8 - 0.6))
+    # a loss improves downwards
+    assert still_improving(made([5.0, 4.0, 3.9, 3.8], maximize=False)) == (1, 1)
+    assert still_improving(made([5.0, 4.0, 4.1, 4.2], maximize=False)) == (0, 1)
+    assert still_improving(made([0.5])) == (1, 1)  # one evaluation: nothing shows a plateau
+    assert still_improving(made([], [0.5, 0.6])) == (1, 1)  # a seed without a history is not counted
+
+    # no_verdict: nobody clears the baseline / the reference does not / a fair comparison
+    ref, other = [0.80, 0.81, 0.80], [0.86, 0.87, 0.86]
+    assert no_verdict({"T": ref, "P": other}, "T", 0.90, True) == "no signal on this budget"
+    assert no_verdict({"T": ref, "P": other}, "T", 0.84, True) == "no fair verdict: the T is not above a trivial baseline"
+    assert no_verdict({"T": ref, "P": other}, "T", 0.50, True) is None
+    assert no_verdict({"T": ref, "P": other}, "T", None, True) is None

@@ -111,3 +111,18 @@ def test_where_no_verdict_is_given_the_difference_carries_no_direction(tmp_path,
     assert verdict == "no signal on this budget" and cell.endswith("excludes 0")
     cell, verdict = summary._verdict(primal, ref, 50.0, True, values, "parity")  # a fair comparison
     assert cell.endswith("better") and verdict.startswith("not reproduced")
+
+    # a row whose longer comparison has not finished is no verdict either, whatever the baselines say
+    cell, verdict = summary._verdict(primal, ref, 50.0, True, values, "parity", "this schedule leaves curves rising")
+    assert verdict == "no fair verdict: this schedule leaves curves rising" and cell.endswith("excludes 0")
+
+
+def test_a_row_waiting_for_its_longer_comparison_gives_no_verdict_until_it_fills_the_row(tmp_path, monkeypatch) -> None:
+    summary = _summary(monkeypatch, tmp_path)
+    lm = next(s for s in summary.SYSTEMS if s.name == "Causal LM")
+    state = {"lm/corpora": "complete", "lm/corpora-4x": "in progress"}
+    monkeypatch.setattr(summary.tuned, "progress", lambda c: state[c])
+    assert summary._pending(lm) == "this schedule leaves curves rising; `lm/corpora-4x` not finished"
+    state["lm/corpora-4x"] = "complete"
+    assert summary._pending(lm) is None
+    assert summary._pending(next(s for s in summary.SYSTEMS if s.name == "LRA text")) is None  # none registered

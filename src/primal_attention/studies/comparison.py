@@ -18,8 +18,9 @@ from typing import Any
 
 from primal_attention.train.stats import value_cell, welch_difference
 
-__all__ = ["CLAIM_DIRECTIONS", "Entry", "Outcome", "at_grid_edge", "baselines_for", "below_baseline",
-           "clears_baseline", "outcome", "still_improving", "tuned_section", "verdict_against_claim"]
+__all__ = ["CLAIM_DIRECTIONS", "Entry", "Outcome", "at_grid_edge", "baselines_for", "below_baseline", "best_baseline",
+           "clears_baseline", "late_gains", "no_verdict", "outcome", "still_improving", "tuned_section",
+           "verdict_against_claim"]
 
 
 @dataclass(frozen=True)
@@ -124,20 +125,63 @@ def _digits(metric: str) -> int:
     return 1 if metric in ("acc", "score") else 3
 
 
+#: the share of a schedule's validation evaluations, at its end, that a curve still improving reaches a new best in
+LATE_SHARE = 0.25
+
+
+def late_gains(o: Outcome) -> list[float]:
+    """Per final seed with a history, in the metric's good direction and display units: the best validation
+    value of the last quarter of the evaluations (at least the last one) minus the best before it; > 0: the
+    curve was still improving at the end of the schedule (the decay ending it, not a plateau)."""
+    key, s = f"val_{o.metric}", _scale(o.metric)
+    sign = 1.0 if o.maximize else -1.0
+    gains = []
+    for h in o.histories:
+        if not h or key not in h[-1]:
+            continue
+        values = [sign * row[key] for row in h if key in row]
+        late = min(max(1, math.ceil(LATE_SHARE * len(values))), len(values) - 1)
+        # a single evaluation has nothing before it: counted as still improving (nothing shows a plateau)
+        gains.append(math.inf if late < 1 else s * (max(values[-late:]) - max(values[:-late])))
+    return gains
+
+
 def still_improving(o: Outcome) -> tuple[int, int]:
-    """(k, n): in k of the n final seeds with a history, the best validation evaluation was the last one
-    (the selected validation curve had not flattened by the end of the schedule)."""
-    key = f"val_{o.metric}"
-    seen = [h for h in o.histories if h and key in h[-1]]
-    better = (lambda a, b: a > b) if o.maximize else (lambda a, b: a < b)  # noqa: E731
-    rising = 0
-    for h in seen:
-        best = 0
-        for i, row in enumerate(h):
-            if better(row[key], h[best][key]):
-                best = i
-        rising += best == len(h) - 1
-    return rising, len(seen)
+    """(k, n): in k of the n final seeds with a history, the last quarter of the schedule's validation
+    evaluations reached a new best, above every earlier one (the curve had not flattened)."""
+    gains = late_gains(o)
+    return sum(g > 0 for g in gains), len(gains)
+
+
+def _late_gain_text(o: Outcome) -> str:
+    """The mean late gain of the seeds still improving, e.g. ``+2.5``."""
+    gains = [g for g in late_gains(o) if 0 < g < math.inf]
+    return f", {statistics.mean(gains):+.{_digits(o.metric)}f}" if gains else ""
+
+
+def best_baseline(baselines: dict[str, Any], metric: str, maximize: bool) -> tuple[float, str] | None:
+    """(mean test value, name) of the best trivial baseline in ``baselines`` (``{name: {"test_<metric>": [...]}}``),
+    None where none has a test value."""
+    key = f"test_{metric}"
+    rows = [(statistics.mean(r[key]), name) for name, r in baselines.items() if r.get(key)]
+    if not rows:
+        return None
+    return max(rows) if maximize else min(rows)
+
+
+def no_verdict(values: dict[str, Sequence[float]], reference: str, best: float | None, maximize: bool) -> str | None:
+    """Why a difference from ``reference`` is no verdict, on the values per model (models with fewer than
+    two seeds not counted) and the best trivial baseline ``best`` (same units): "no signal on this budget"
+    where no model is clearly above it (:func:`clears_baseline`), "no fair verdict: the <reference> is not
+    above a trivial baseline" where the reference is not; None where the difference is a verdict."""
+    if best is None:
+        return None
+    clear = {label: clears_baseline(v, best, maximize) for label, v in values.items() if len(v) >= 2}
+    if not any(clear.values()):
+        return "no signal on this budget" if clear else None
+    if not clear.get(reference, True):
+        return f"no fair verdict: the {reference} is not above a trivial baseline"
+    return None
 
 
 def _flattened(o: Outcome) -> str:
@@ -174,6 +218,9 @@ def tuned_section(entries: Sequence[Entry], baselines: dict[str, Any], *, refere
     lines = [f"| model | validation {metric} per {swept} (chosen in bold) | n | test (val-selected) | best test | "
              f"final test | Δ vs {reference}, 95 % CI | selected curve |", "|---|---|---|---|---|---|---|---|"]
     power: list[str] = []
+    maximize = known[0].maximize if known else True
+    base = best_baseline(baselines, metric, maximize)
+    why = no_verdict({o.entry.label: o.test for o in known}, reference, None if base is None else base[0], maximize)
     for e in entries:
         o = outcomes[e.label]
         if o is None:
@@ -182,7 +229,7 @@ def tuned_section(entries: Sequence[Entry], baselines: dict[str, Any], *, refere
         diff = "–"
         if e.label != reference and ref is not None and o.test and ref.test:
             d = welch_difference([s * v for v in o.test], [s * v for v in ref.test], maximize=o.maximize)
-            diff = d.cell(digits=k)
+            diff = d.cell(digits=k, directed=why is None)
             if not math.isnan(d.low):
                 power.append(f"{e.label} ±{(d.high - d.low) / 2:.{k}f}")
         lines.append(f"| {e.label} | {_grid_cell(o)} | {len(o.test)} | {value_cell([s * v for v in o.test], k)} | "
@@ -199,11 +246,15 @@ def tuned_section(entries: Sequence[Entry], baselines: dict[str, Any], *, refere
     if flags:
         lines += ["", "**At or below a trivial baseline** (mean val-selected test within one std of, or under, the best "
                       "trivial baseline): " + "; ".join(flags) + "."]
-    rising = [f"{label} ({k}/{n} seeds)" for label, o in outcomes.items() if o is not None
+    if why is not None:
+        lines += ["", f"**No verdict: {why.removeprefix('no fair verdict: ')}** (the differences are shown without a "
+                      "direction: *excludes 0* where the interval does)."]
+    rising = [f"{label} ({k}/{n} seeds{_late_gain_text(o)})" for label, o in outcomes.items() if o is not None
               for k, n in [still_improving(o)] if k]
     if rising:
         trend = "still rising" if known[0].maximize else f"{metric} still falling"  # a loss improves downwards
-        lines += ["", f"**Validation {trend} at the end of the schedule** (the selected evaluation was the last one): "
+        lines += ["", f"**Validation {trend} at the end of the schedule** (a new best in the last quarter of the "
+                      "evaluations, beyond every earlier one; the mean gain over the earlier best shown): "
                       + "; ".join(rising) + ". The comparison holds for this budget only; a longer schedule may change it."]
     edges = [f"{label} ({edge})" for label, o in outcomes.items() if o is not None and (edge := at_grid_edge(o))]
     if edges:
@@ -242,13 +293,9 @@ def below_baseline(entries: Sequence[Entry], baselines: dict[str, Any]) -> list[
     out = []
     for e in entries:
         o = outcome(e)
-        if o is None or not o.test:
+        if o is None or not o.test or (base := best_baseline(baselines, o.metric, o.maximize)) is None:
             continue
-        key = f"test_{o.metric}"
-        rows = [(statistics.mean(r[key]), name) for name, r in baselines.items() if r.get(key)]
-        if not rows:
-            continue
-        best, name = max(rows) if o.maximize else min(rows)
+        best, name = base
         if not clears_baseline(o.test, best, o.maximize):
             s = _scale(o.metric)
             k = _digits(o.metric)

@@ -26,7 +26,7 @@ from primal_attention.studies import sweeps as tuned
 from primal_attention.studies.paths import ROOT
 
 from primal_attention.studies.comparison import (
-    at_grid_edge, baselines_for, clears_baseline, outcome, still_improving, verdict_against_claim)
+    at_grid_edge, baselines_for, clears_baseline, no_verdict, outcome, still_improving, verdict_against_claim)
 from primal_attention.train.stats import value_cell, welch_difference
 
 RESULTS = ROOT / "docs" / "results"
@@ -286,17 +286,23 @@ def _clears(values: list[float], best_baseline: float | None, maximize: bool) ->
 
 
 def _verdict(values: list[float], ref: list[float], best_baseline: float | None, maximize: bool,
-             all_values: dict[str, list[float]], claimed: str | None) -> tuple[str, str]:
+             all_values: dict[str, list[float]], claimed: str | None, pending: str | None = None) -> tuple[str, str]:
+    """(Δ cell, verdict word) of a primal model against the Transformer. ``pending``: why the row needs a
+    comparison that has not finished (a longer schedule, more data): then it is no verdict either."""
     if len(values) < 2 or len(ref) < 2:
         return "–", "too few seeds"
     d = welch_difference(values, ref, maximize=maximize)
-    # where the comparison says nothing about attention, the interval is shown without the word better / worse
-    neutral = d.cell().removesuffix(d.verdict) + ("excludes 0" if d.verdict in ("better", "worse") else d.verdict)
-    if not any(_clears(v, best_baseline, maximize) for v in all_values.values() if len(v) >= 2):
-        return neutral, "no signal on this budget"
-    if not _clears(ref, best_baseline, maximize):
-        return neutral, "no fair verdict: the Transformer is not above a trivial baseline"
+    why = f"no fair verdict: {pending}" if pending else no_verdict(all_values, "Transformer", best_baseline, maximize)
+    if why is not None:  # the comparison says nothing about attention: the interval without better / worse
+        return d.cell(directed=False), why
     return d.cell(), verdict_against_claim(d.verdict, claimed)
+
+
+def _pending(system: System) -> str | None:
+    """Why the row is no verdict yet while its longer comparison is unfinished (None once it fills the row)."""
+    if not system.longer or _comparison(system) == system.longer:
+        return None
+    return f"{system.longer_why}; `{system.longer}` not finished"
 
 
 def _changes(system: System, tuned_values: dict[str, list[float]], earlier: dict[str, list[float]],
@@ -314,6 +320,8 @@ def _changes(system: System, tuned_values: dict[str, list[float]], earlier: dict
             was_d, was = _verdict(before, earlier.get("Transformer", []), earlier_base, system.maximize, earlier, claimed)
             now_d, now = _verdict(after, tuned_values.get("Transformer", []), base, system.maximize, tuned_values, claimed)
             line += f"; Δ vs Transformer {was_d} → {now_d}; verdict: {was} → {now}" + ("" if was != now else " (unchanged)")
+            if system.longer and _comparison(system) != system.longer:
+                line += f"; the table above: no fair verdict until `{system.longer}` finishes"
         out.append(line)
     return out
 
@@ -333,10 +341,12 @@ def write_page(compute: bool) -> None:
         "the best **trivial baseline** on the same splits, and a verdict against the paper's claim for that model: we",
         "measure *better* or *worse* (the interval excludes 0) or *parity* (it contains 0), and call it *reproduced*",
         "when that is the paper's direction, *not reproduced* (with both directions) when it is not, and say *no",
-        "claim in the paper* where the paper has no such row; or *no signal on this",
-        "budget* (no model clearly above the best trivial baseline, so the comparison says nothing about attention),",
-        "*no fair verdict* (the Transformer itself is not above a trivial baseline: it was starved, not beaten); in",
-        "those two cases the Δ column gives the interval without a direction (*excludes 0*), since it is no verdict.",
+        "claim in the paper* where the paper has no such row; or, first of all, *no fair verdict* while the longer",
+        "schedule or larger data that the source column names as needed has not finished (the reason given); then",
+        "*no signal on this budget* (no model clearly above the best trivial baseline, so the comparison says",
+        "nothing about attention); then *no fair verdict* (the Transformer itself is not above a trivial baseline: it",
+        "was starved, not beaten). In those cases the Δ column gives the interval without a direction (*excludes",
+        "0*), since it is no verdict.",
         "⚠ marks a model whose mean is not above the best trivial baseline by more than one std.",
         "Where a system's tuned comparison (each model's learning rate swept on the same budget and selected on",
         "validation, the authors' init where the source column says so; `scripts/sweep_comparisons.py`) is not",
@@ -364,7 +374,8 @@ def write_page(compute: bool) -> None:
         for label in MODELS:
             if label not in values:
                 continue
-            diff, word = _verdict(values[label], ref, base, system.maximize, values, CLAIMED.get(system.name, {}).get(label))
+            diff, word = _verdict(values[label], ref, base, system.maximize, values,
+                                  CLAIMED.get(system.name, {}).get(label), _pending(system))
             lines.append(f"| | | | | {label} | {_cell(values[label], digits, base, system.maximize)} | {diff} | | "
                          f"{word} | |")
     lines += ["", "Metrics: accuracy % (LRA, UEA, vision), test perplexity per BPE token (LM, lower is better), "

@@ -71,10 +71,13 @@ class Difference:
     verdict: str
     method: str = "Welch t, 95 %"
 
-    def cell(self, scale: float = 1.0, digits: int = 1) -> str:
+    def cell(self, scale: float = 1.0, digits: int = 1, *, directed: bool = True) -> str:
+        """``+d [low, high] verdict``; with ``directed`` False (a difference that is no verdict, e.g. beside a
+        starved reference) an interval that excludes 0 reads *excludes 0* instead of better / worse."""
         if math.isnan(self.low):
             return f"{scale * self.diff:+.{digits}f} (n < 2: no interval)"
-        return f"{scale * self.diff:+.{digits}f} [{scale * self.low:+.{digits}f}, {scale * self.high:+.{digits}f}] {self.verdict}"
+        word = self.verdict if directed or self.verdict not in ("better", "worse") else "excludes 0"
+        return f"{scale * self.diff:+.{digits}f} [{scale * self.low:+.{digits}f}, {scale * self.high:+.{digits}f}] {word}"
 
 
 def welch_difference(a: Sequence[float], b: Sequence[float], *, maximize: bool = True, level: float = 0.95) -> Difference:
