@@ -117,7 +117,7 @@ def four_x_note() -> list[str]:
             "The 1 500-step grid chose 1e-2 for every model with validation still falling, so the comparison runs "
             "again with 4× the steps (warmup and evaluations scaled alike; `scripts/sweep_comparisons.py --only "
             "lm/corpora-4x`), the rate chosen on validation among the two, then fresh final seeds.", "",
-            *tuned.section("lm/corpora-4x"), ""]
+            *tuned.section("lm/corpora-4x"), "", *tuned.not_rerun_note({"the 4× schedule": "lm/corpora-4x"})]
 
 
 def write_page() -> None:

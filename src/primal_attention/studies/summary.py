@@ -120,10 +120,7 @@ SYSTEMS = [
     _uea("JapaneseVowels", "real UEA data (the paper's dataset)",
          {"Transformer": 98.7, "PrimalFormer": 98.4, "Primal.+Trans.": 98.9}),
     _uea("BasicMotions", "real UEA data (not in the paper)"),
-    System("UEA FSDD", "uea.md", "acc", True,
-           {label: [RESULTS / "uea_runs" / f"FSDD_{kind}" / "holdout"] for kind, label in
-            (("transformer", "Transformer"), ("primalformer", "PrimalFormer"), ("primal+", "Primal.+Trans."))},
-           None, {}, "FSDD MFCCs stand-in (paper: SpokenArabicDigits)", "uea/FSDD_transformer", "uea_FSDD.json"),
+    _uea("FSDD", "FSDD MFCCs stand-in (paper: SpokenArabicDigits)"),
     System("Vision", "vision.md", "acc", True,
            {label: [RESULTS / "vision_runs" / f"fmnist_{kind}"] for kind, label in
             (("vit", "Transformer"), ("primalformer", "PrimalFormer"), ("primal+", "Primal.+Trans."))},
@@ -251,6 +248,8 @@ def _values(system: System) -> tuple[dict[str, list[float]], str, bool]:
             rising = [f"{label} {k}/{n}" for label, o in outs.items() for k, n in [still_improving(o)] if k]
             note = f"; validation still improving at the schedule's end (seeds): {', '.join(rising)}" if rising else ""
             edges = [f"{label} ({edge})" for label, o in outs.items() if (edge := at_grid_edge(o))]
+            edges += [f"{label} ({detail.split(';')[0]} of a fixed grid)" for label, detail in tuned.fixed_grid_edges(
+                _comparison(system))]
             note += f"; chosen at the grid's edge: {', '.join(edges)}" if edges else ""
             return ({label: [convert(v) for v in o.test] for label, o in outs.items()},
                     f"{TUNED}, {system.init}{note}{_longer_note(system)}", True)
@@ -367,6 +366,10 @@ def write_page(compute: bool) -> None:
             base_text, base = own
         if is_tuned:
             changed += _changes(system, values, _earlier(system), base, earlier_base)
+        elif system.parts:  # the earlier runs' collections are not the re-collected data a linear policy is fit on
+            linear = sum(tuned.rl_linear_baseline(c, compute=False) is not None for c in system.parts)
+            base_text += (f" (a linear policy: only on the re-collected data, stored for {linear} of {len(system.parts)} "
+                          f"datasets so far, on {system.page})")
         ref = values.get("Transformer", [])
         digits = 1 if system.metric != "ppl" else 2
         lines.append(f"| {system.name} | {system.data} | {CLAIMS[system.name]} | {source} | Transformer | "

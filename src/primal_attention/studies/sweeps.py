@@ -160,6 +160,28 @@ def baselines(comparison: str, compute: bool = True) -> dict:
                          OVERRIDES.get(comparison, []), compute=compute)
 
 
+def trivial_line(comparison: str) -> str:
+    """The stored trivial baselines of ``comparison`` for a table of earlier runs: ``"linear 84.8 · majority
+    9.1"`` (mean test value of each, best first; nothing computed). "" where none is stored."""
+    try:
+        rows = baselines(comparison, compute=False)
+    except LookupError:
+        return ""
+    metric = selection_metric(comparison)
+    key = next((k for r in rows.values() for k in r if k.startswith("test_")), None)
+    if key is None:
+        return ""
+    scale, digits = (100, 1) if key == "test_acc" else (1, 3)
+    means = sorted(((statistics.mean(r[key]), name) for name, r in rows.items() if r.get(key)),
+                   reverse=metric != "loss")
+    return " · ".join(f"{name} {scale * m:.{digits}f}" for m, name in means)
+
+
+#: how a page introduces :func:`trivial_line` beside a table of earlier runs
+TRIVIAL_NOTE = ("trivial baselines on the same data and TEST set (each fit on train, chosen on the validation splits "
+                "of the tuned comparison's final seeds; `docs/results/baselines/`)")
+
+
 def rl_linear_baseline(comparison: str, compute: bool = True) -> dict | None:
     """The linear policy of an RL comparison's dataset (train.trivial.linear_policy, the comparison's own
     rollouts; its env seeds do not depend on the run's seed, so one fit), kept in docs/results/baselines
@@ -263,7 +285,48 @@ def section(comparison: str) -> list[str]:
             + ". Test values: mean ± sample std over the final seeds, each seed's evaluation selected on validation; Δ: "
             "Welch 95 % interval of the difference of means, *within noise* when it contains 0 (parity). Trivial baselines on "
             "the same splits (the final seeds').", "", *tuned_section(models, baselines(comparison), reference=models[0].label,
-                                                          metric=selection_metric(comparison))]
+                                                          metric=selection_metric(comparison)), *fixed_grid_note(comparison)]
+
+
+def fixed_grid_edges(comparison: str) -> list[tuple[str, str]]:
+    """For a comparison on a fixed grid (:data:`FIXED_GRIDS`, never widened): ``(label, detail)`` of each model
+    whose choice is the grid's smallest or largest rate, e.g. ``("Transformer", "0.01, the largest; on
+    `lm/corpora` its validation loss at 0.03 was 4.617 against 4.493 at 0.01")``: what its short comparison
+    measured one step beyond on the ladder, or that it was never run. Empty where every choice is interior
+    or the grid is not finished."""
+    if comparison not in FIXED_GRIDS or comparison not in LONGER:
+        return []
+    short = LONGER[comparison][0]
+    rates = FIXED_GRIDS[comparison]["optim.lr"]
+    metric = selection_metric(comparison)
+    out = []
+    for config, entry, sweep in zip(COMPARISONS[comparison], entries(comparison), sweeps_of(comparison)):
+        chosen = sweep.chosen() if len(sweep.results()) == len(sweep.points) else None
+        lr = None if chosen is None else chosen.point["optim.lr"]
+        if lr not in (min(rates), max(rates)):
+            continue
+        side = "largest" if lr == max(rates) else "smallest"
+        step = beyond(lr, up=lr == max(rates))
+        # the short comparison's runs at these two rates, wherever its (widened) grid stands
+        short_points = {p.point["optim.lr"]: p.val for p in base_sweep(config, short, {"optim.lr": [lr, step]}).results()}
+        if step not in short_points or lr not in short_points:
+            seen = f"{step:g} was not run on `{short}` either"
+        else:
+            scale, digits = (100, 1) if metric == "acc" else (1, 3)
+            seen = (f"on `{short}` its validation {metric} at {step:g} was {scale * short_points[step]:.{digits}f} "
+                    f"against {scale * short_points[lr]:.{digits}f} at {lr:g}")
+        out.append((entry.label, f"{lr:g}, the {side}; {seen}"))
+    return out
+
+
+def fixed_grid_note(comparison: str) -> list[str]:
+    """A page's flag for :func:`fixed_grid_edges` (nothing where there is none)."""
+    edges = fixed_grid_edges(comparison)
+    if not edges:
+        return []
+    return ["", "**Chosen at the edge of this fixed grid** (the short schedule's two best rates, not widened: a "
+                "confirmation, not a search; the best rate at this schedule may lie beyond it): "
+                + "; ".join(f"{label} ({detail})" for label, detail in edges) + "."]
 
 
 def progress(comparison: str) -> str:

@@ -88,7 +88,8 @@ def write_table() -> None:
                 f"{', '.join(map(str, epochs)) or '–'} | {statistics.mean(walls):.0f} |" if walls else
                 f"| {label} | {paper if paper is not None else '–'} | – | – | – | – | – |"
             )
-        lines.append("")
+        trivial = tuned.trivial_line(f"uea/{dataset}") if f"uea/{dataset}" in tuned.COMPARISONS else ""
+        lines += ["", f"The {tuned.TRIVIAL_NOTE}: {trivial}.", ""] if trivial else [""]
     TABLE.parent.mkdir(parents=True, exist_ok=True)
     TABLE.write_text("\n".join(lines))
     print(f"wrote {TABLE}")

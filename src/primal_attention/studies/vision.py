@@ -48,7 +48,7 @@ def write_table() -> None:
         "seeded by the run's seed) is held out for validation. Augmentation: random crop after 2-pixel padding,",
         "horizontal flip. **Model:** ViT, patch 4 (49 patches + CLS = 50 tokens), D 64, 4 pre-norm blocks,",
         "H 4, MLP 128, drop-path 0.05, head on CLS; primal blocks: s 20, all 50 tokens sampled (the authors'",
-        "DeiT setting), η 0.05 on the KSVD loss (batch reduction). **Schedule:** AdamW lr 1e-3, wd 0.05,",
+        "DeiT setting), η 0.05 on the KSVD loss (batch reduction). **Schedule:** AdamW (lr per model swept below; the earlier runs: 1e-3), wd 0.05,",
         "60 warmup steps then cosine to 0, batch 128, 5 epochs (1 875 steps), one CPU thread per run.",
         "",
         "Protocols: **holdout** = the epoch with the best validation accuracy selects the weights, TEST",
