@@ -164,3 +164,14 @@ def test_a_curve_still_improving_reaches_a_new_best_in_its_last_quarter(tmp_path
     assert no_verdict({"T": ref, "P": other}, "T", 0.84, True) == "no fair verdict: the T is not above a trivial baseline"
     assert no_verdict({"T": ref, "P": other}, "T", 0.50, True) is None
     assert no_verdict({"T": ref, "P": other}, "T", None, True) is None
+
+
+def test_runs_that_score_test_once_say_why_best_and_final_test_are_missing(tmp_path: Path) -> None:
+    ref = store(tmp_path, "Transformer", {1e-4: 0.70, 1e-3: 0.80}, [0.60, 0.62, 0.61])
+    for path in (tmp_path / "Transformer" / "final").rglob("seed_*.json"):  # as a run with train.track_test off
+        record = json.loads(path.read_text())
+        del record["best_test_acc"], record["final_test_acc"]
+        path.write_text(json.dumps(record))
+    text = "\n".join(tuned_section([ref], {}, reference="Transformer"))
+    assert "| 61.0 ± 1.0 | – | – |" in text and "`train.track_test` off" in text
+    assert "track_test" not in "\n".join(tuned_section([store(tmp_path, "x", {1e-4: 0.7}, [0.6])], {}, reference="x"))

@@ -239,6 +239,9 @@ def tuned_section(entries: Sequence[Entry], baselines: dict[str, Any], *, refere
         test = row.get(f"test_{metric}", [])
         lines.append(f"| *trivial: {name}* ({row['what']}) | – | {len(test)} | {value_cell([s * v for v in test], k)} "
                      "| – | – | – | – |")
+    if any(o.test and not o.best_test for o in known):
+        lines += ["", "*best test* and *final test* are – where the runs scored TEST once, with the val-selected "
+                      "weights (`train.track_test` off), so no test value exists at the other evaluations."]
     if power:
         lines += ["", "**Smallest detectable difference** (half the width of the 95 % interval: a true difference "
                       f"smaller than this reads as *within noise* with these seeds): {'; '.join(power)}."]
