@@ -286,6 +286,9 @@ def write_page() -> None:
                              f"{value_cell([r['best_test_score'] for r in rs], 1)} | {value_cell([r['final_test_score'] for r in rs], 1)} | {wall} |")
     lines += average_rows()
     lines += ["", "**Runs not done** (CPU budget): " + ("; ".join(missing) if missing else "none") + ".", "",
+              "Trivial baselines of these runs: the behaviour policy of each dataset they used (the earlier collection "
+              "cards below; 9-dataset mean on the summary page). A linear policy is fit only on data this machine holds, "
+              "the re-collected datasets of the tuned sections above; the collections behind these runs are not kept.", "",
               "For comparison only, on D4RL's own datasets (a different, larger collection; full schedule): the paper",
               "reports an average normalised score over the 9 datasets of 72.2 for DT and 77.5 for Primal.+DT.", "",
               "## Collected datasets", ""]
