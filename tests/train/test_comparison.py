@@ -175,3 +175,12 @@ def test_runs_that_score_test_once_say_why_best_and_final_test_are_missing(tmp_p
     text = "\n".join(tuned_section([ref], {}, reference="Transformer"))
     assert "| 61.0 ± 1.0 | – | – |" in text and "`train.track_test` off" in text
     assert "track_test" not in "\n".join(tuned_section([store(tmp_path, "x", {1e-4: 0.7}, [0.6])], {}, reference="x"))
+
+
+def test_a_pending_longer_comparison_takes_the_direction_out_of_every_difference(tmp_path: Path) -> None:
+    ref = store(tmp_path, "Transformer", {1e-4: 0.70, 1e-3: 0.80}, [0.60, 0.62, 0.61])
+    better = store(tmp_path, "PrimalFormer", {1e-4: 0.90, 1e-3: 0.85}, [0.80, 0.81, 0.79])
+    lines = tuned_section([ref, better], {}, reference="Transformer", pending="curves rise; `x` not finished")
+    row = next(line for line in lines if line.startswith("| PrimalFormer"))
+    assert row.split(" | ")[6].endswith("excludes 0")
+    assert "**No verdict: curves rise; `x` not finished**" in "\n".join(lines)

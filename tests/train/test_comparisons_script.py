@@ -232,3 +232,31 @@ def test_a_table_of_earlier_runs_lists_the_stored_trivial_baselines_best_first(t
         {"seeds": list(tuned.seeds_for("uea/JapaneseVowels")), "overrides": tuned.OVERRIDES["uea/JapaneseVowels"],
          "version": 2, "baselines": rows}))
     assert tuned.trivial_line("uea/JapaneseVowels") == "linear 96.9 · majority 8.4"
+
+
+def test_a_short_comparison_gives_no_verdict_until_its_longer_one_finishes(tmp_path, monkeypatch) -> None:
+    tuned = _script(monkeypatch, tmp_path)
+    monkeypatch.setattr(tuned, "COMPARISONS", {"uea/JapaneseVowels": ["uea/JapaneseVowels_transformer"],
+                                               "uea/long": ["uea/JapaneseVowels_transformer"]})
+    monkeypatch.setattr(tuned, "LONGER", {"uea/long": ("uea/JapaneseVowels", 2.0)})
+    monkeypatch.setattr(tuned, "NEEDED_BECAUSE", {"uea/long": "curves rise"})
+    state = {"uea/long": "in progress"}
+    monkeypatch.setattr(tuned, "progress", lambda c: state.get(c, "complete"))
+    assert tuned.pending_longer("uea/JapaneseVowels") == "curves rise; `uea/long` not finished"
+    assert tuned.pending_longer("uea/long") is None  # nothing longer than it
+    state["uea/long"] = "complete"
+    assert tuned.pending_longer("uea/JapaneseVowels") is None
+
+
+def test_an_estimate_from_earlier_runs_scales_them_to_the_comparisons_schedule(tmp_path, monkeypatch) -> None:
+    tuned = _script(monkeypatch, tmp_path)
+    monkeypatch.setattr(tuned, "OVERRIDES", {"uea/JapaneseVowels": ["train.epochs=6"], "lra/x": ["train.steps=4000"]})
+    assert tuned.schedule_scale("uea/JapaneseVowels", {"epochs": 3, "steps": 300}) == 2.0
+    assert tuned.schedule_scale("lra/x", {"steps": 1000}) == 4.0
+    assert tuned.schedule_scale("uea/BasicMotions", {"epochs": 3}) == 1.0  # no override
+    monkeypatch.setattr(tuned, "STORE", tmp_path / "store")
+    earlier = tmp_path / "uea_runs" / "JapaneseVowels_transformer" / "holdout"
+    earlier.mkdir(parents=True)
+    (earlier / "seed_0.json").write_text(json.dumps({"wall_time_s": 1800.0, "epochs": 3}))
+    runs, hours, source = tuned.remaining("uea/JapaneseVowels")
+    assert runs == 14 and hours == 14 * 3600 / 3600 and "scaled to this schedule's length" in source

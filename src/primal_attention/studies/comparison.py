@@ -204,12 +204,13 @@ def _grid_cell(o: Outcome) -> str:
 
 
 def tuned_section(entries: Sequence[Entry], baselines: dict[str, Any], *, reference: str,
-                  swept: str = "optim.lr", metric: str = "acc") -> list[str]:
+                  swept: str = "optim.lr", metric: str = "acc", pending: str | None = None) -> list[str]:
     """Markdown lines: one row per model (validation value of each grid point, the choice in bold; final
     seeds' val-selected, best and final test; the difference from ``reference`` with its Welch 95 %
     interval; whether the selected validation curve flattened), then the trivial baselines, then
     flags for models not above the best trivial baseline. ``metric``: the selection metric to show
-    before any sweep has stored a point (after that, the sweeps' own)."""
+    before any sweep has stored a point (after that, the sweeps' own). ``pending``: why this comparison gives
+    no verdict whatever its values (a longer one it needs is unfinished): its differences carry no direction."""
     outcomes = {e.label: outcome(e) for e in entries}
     known = [o for o in outcomes.values() if o is not None]
     metric = known[0].metric if known else metric
@@ -220,7 +221,8 @@ def tuned_section(entries: Sequence[Entry], baselines: dict[str, Any], *, refere
     power: list[str] = []
     maximize = known[0].maximize if known else True
     base = best_baseline(baselines, metric, maximize)
-    why = no_verdict({o.entry.label: o.test for o in known}, reference, None if base is None else base[0], maximize)
+    why = f"no fair verdict: {pending}" if pending else \
+        no_verdict({o.entry.label: o.test for o in known}, reference, None if base is None else base[0], maximize)
     for e in entries:
         o = outcomes[e.label]
         if o is None:
@@ -257,7 +259,8 @@ def tuned_section(entries: Sequence[Entry], baselines: dict[str, Any], *, refere
     if rising:
         trend = "still rising" if known[0].maximize else f"{metric} still falling"  # a loss improves downwards
         lines += ["", f"**Validation {trend} at the end of the schedule** (a new best in the last quarter of the "
-                      "evaluations, beyond every earlier one; the mean gain over the earlier best shown): "
+                      "evaluations, rounded up: the last 1 of 2 to 4, 2 of 5 to 8, 3 of 9 to 12; beyond every earlier one; the mean "
+                      "gain over the earlier best shown): "
                       + "; ".join(rising) + ". The comparison holds for this budget only; a longer schedule may change it."]
     edges = [f"{label} ({edge})" for label, o in outcomes.items() if o is not None and (edge := at_grid_edge(o))]
     if edges:

@@ -22,7 +22,7 @@ import statistics
 from dataclasses import asdict
 
 from primal_attention.studies import sweeps as tuned
-from primal_attention.studies.comparison import outcome
+from primal_attention.studies.comparison import at_grid_edge, outcome
 
 from primal_attention.data.cache import cache_dir
 from primal_attention.data.rl import DATASETS, D4RL_SCORES
@@ -180,6 +180,11 @@ def tuned_lines() -> list[str]:
     if average:
         lines += [f"**Average over the {len(tuned.RL_DATASETS)} datasets** (per final seed, then mean ± std): "
                   + "; ".join(f"{label} {value_cell(v, 1)}" for label, v in average.items()) + ".", ""]
+    waiting = [f"{d}: {line}" for d in tuned.RL_DATASETS if tuned.progress(f"rl/{d}") == "not started"
+               and (line := tuned.trivial_line(f"rl/{d}"))]
+    if waiting:
+        lines += ["Trivial baselines of the datasets collected but not compared yet (test score): "
+                  + "; ".join(waiting) + ".", ""]
     return lines + tuned.not_rerun_note({d: f"rl/{d}" for d in tuned.RL_DATASETS})
 
 
@@ -217,8 +222,9 @@ def round_comparison_lines() -> list[str]:
                 continue
             fresh = [old["fresh"][s] for s in sorted(old["fresh"]) if s in (1, 2)]
             o = new.get(label)
+            edge = "" if o is None or not at_grid_edge(o) else " (at the grid's edge)"
             second = ("–", "–") if o is None else (
-                f"{o.chosen['optim.lr']:g}" if o.chosen else "not chosen yet",
+                f"{o.chosen['optim.lr']:g}{edge}" if o.chosen else "not chosen yet",
                 f"{value_cell(o.test, 1)} (n={len(o.test)})" if o.test else "–")
             first_behaviour = f"{behaviour[d]:.1f}" if d in behaviour else "–"
             rows.append(f"| {d} | {label} | {first_behaviour} | {old['chosen']} | {old['sweep_run']:.1f} | "

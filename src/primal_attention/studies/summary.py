@@ -64,7 +64,7 @@ class System:
     longer: str | None = None
     longer_what: str = ""
     #: why the row needs the longer comparison
-    longer_why: str = "this schedule leaves curves rising"
+    longer_why: str = ""
 
 
 def _comparison(system: System) -> str | None:
@@ -94,11 +94,11 @@ def _lra(task: str, data: str, paper: dict[str, float] | None = None, longer: tu
                   f"lra/{task}_transformer_cpu", f"lra_{task}.json", **_longer(*(longer or (None, ""))))
 
 
-def _longer(comparison: str | None, what: str, why: str | None = None) -> dict[str, Any]:
+def _longer(comparison: str | None, what: str) -> dict[str, Any]:
     """System fields of a longer comparison (none where it is not registered)."""
     if comparison not in tuned.COMPARISONS:
         return {}
-    return {"longer": comparison, "longer_what": what, **({"longer_why": why} if why else {})}
+    return {"longer": comparison, "longer_what": what, "longer_why": tuned.NEEDED_BECAUSE[comparison]}
 
 
 def _uea(name: str, data: str, paper: dict[str, float] | None = None) -> System:
@@ -111,8 +111,7 @@ def _uea(name: str, data: str, paper: dict[str, float] | None = None) -> System:
 
 SYSTEMS = [
     _lra("listops", "our generator, 100-500 tokens (the paper's task at 500-2000)",
-         longer=("lra/listops-96k", "the authors' amount of data, 96K training examples at 50-200 tokens",
-                 "on 7.2K examples every model sits at the first-operator lookup")),
+         longer=("lra/listops-96k", "the authors' amount of data, 96K training examples at 50-200 tokens")),
     _lra("image", "Fashion-MNIST stand-in (paper: CIFAR-10)", longer=("lra/image-4x", "4× the steps")),
     _lra("text", "IMDB (Pang & Lee) stand-in, 1000 bytes"),
     _lra("retrieval", "Shakespeare / Bible pairs stand-in"),
@@ -285,23 +284,22 @@ def _clears(values: list[float], best_baseline: float | None, maximize: bool) ->
 
 
 def _verdict(values: list[float], ref: list[float], best_baseline: float | None, maximize: bool,
-             all_values: dict[str, list[float]], claimed: str | None, pending: str | None = None) -> tuple[str, str]:
-    """(Δ cell, verdict word) of a primal model against the Transformer. ``pending``: why the row needs a
-    comparison that has not finished (a longer schedule, more data): then it is no verdict either."""
+             all_values: dict[str, list[float]], claimed: str | None, pending: str | None = None,
+             digits: int = 1) -> tuple[str, str]:
+    """(Δ cell to ``digits`` decimals, verdict word) of a primal model against the Transformer. ``pending``: why
+    the row needs a comparison that has not finished (a longer schedule, more data): then it is no verdict either."""
     if len(values) < 2 or len(ref) < 2:
         return "–", "too few seeds"
     d = welch_difference(values, ref, maximize=maximize)
     why = f"no fair verdict: {pending}" if pending else no_verdict(all_values, "Transformer", best_baseline, maximize)
     if why is not None:  # the comparison says nothing about attention: the interval without better / worse
-        return d.cell(directed=False), why
-    return d.cell(), verdict_against_claim(d.verdict, claimed)
+        return d.cell(digits=digits, directed=False), why
+    return d.cell(digits=digits), verdict_against_claim(d.verdict, claimed)
 
 
 def _pending(system: System) -> str | None:
     """Why the row is no verdict yet while its longer comparison is unfinished (None once it fills the row)."""
-    if not system.longer or _comparison(system) == system.longer:
-        return None
-    return f"{system.longer_why}; `{system.longer}` not finished"
+    return tuned.pending_longer(system.tuned) if system.tuned else None
 
 
 def _changes(system: System, tuned_values: dict[str, list[float]], earlier: dict[str, list[float]],
@@ -316,11 +314,14 @@ def _changes(system: System, tuned_values: dict[str, list[float]], earlier: dict
         line = f"- {system.name}, {label}: {value_cell(before, digits) if before else '–'} → {value_cell(after, digits)}"
         if label != "Transformer":
             claimed = CLAIMED.get(system.name, {}).get(label)
-            was_d, was = _verdict(before, earlier.get("Transformer", []), earlier_base, system.maximize, earlier, claimed)
-            now_d, now = _verdict(after, tuned_values.get("Transformer", []), base, system.maximize, tuned_values, claimed)
-            line += f"; Δ vs Transformer {was_d} → {now_d}; verdict: {was} → {now}" + ("" if was != now else " (unchanged)")
-            if system.longer and _comparison(system) != system.longer:
-                line += f"; the table above: no fair verdict until `{system.longer}` finishes"
+            pending = _pending(system)
+            was_d, was = _verdict(before, earlier.get("Transformer", []), earlier_base, system.maximize, earlier, claimed,
+                                  pending, digits)
+            now_d, now = _verdict(after, tuned_values.get("Transformer", []), base, system.maximize, tuned_values, claimed,
+                                  pending, digits)
+            line += f"; Δ vs Transformer {was_d} → {now_d}"
+            line += f"; no verdict until `{system.longer}` finishes" if pending else \
+                f"; verdict: {was} → {now}" + ("" if was != now else " (unchanged)")
         out.append(line)
     return out
 
@@ -378,7 +379,7 @@ def write_page(compute: bool) -> None:
             if label not in values:
                 continue
             diff, word = _verdict(values[label], ref, base, system.maximize, values,
-                                  CLAIMED.get(system.name, {}).get(label), _pending(system))
+                                  CLAIMED.get(system.name, {}).get(label), _pending(system), digits)
             lines.append(f"| | | | | {label} | {_cell(values[label], digits, base, system.maximize)} | {diff} | | "
                          f"{word} | |")
     lines += ["", "Metrics: accuracy % (LRA, UEA, vision), test perplexity per BPE token (LM, lower is better), "

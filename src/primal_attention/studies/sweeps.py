@@ -65,6 +65,10 @@ FIXED_GRIDS: dict[str, dict[str, list[float]]] = {"lm/corpora-4x": {"optim.lr": 
 #: CPU estimate before any of its own runs exists (ListOps 96K: 4x the steps at 0.4x the length).
 LONGER = {"lm/corpora-4x": ("lm/corpora", 4.0), "lra/image-4x": ("lra/image", 4.0),
           "vision/fmnist-30ep": ("vision/fmnist", 6.0), "lra/listops-96k": ("lra/listops", 1.6)}
+#: why the short comparison of each longer one gives no verdict until the longer one is finished
+NEEDED_BECAUSE = {"lm/corpora-4x": "this schedule leaves curves rising", "lra/image-4x": "this schedule leaves curves rising",
+                  "vision/fmnist-30ep": "this schedule leaves curves rising",
+                  "lra/listops-96k": "on 7.2K examples every model sits at the first-operator lookup"}
 #: offline RL, one comparison per dataset (DT vs Primal.+DT); each needs its dataset collected first
 #: (`primal data collect-rl ENV`), and a worker passes over those that are not.
 RL_DATASETS = [f"{env}-{ds}" for env in D4RL_SCORES for ds in DATASETS]
@@ -171,7 +175,7 @@ def trivial_line(comparison: str) -> str:
     key = next((k for r in rows.values() for k in r if k.startswith("test_")), None)
     if key is None:
         return ""
-    scale, digits = (100, 1) if key == "test_acc" else (1, 3)
+    scale, digits = {"test_acc": (100, 1), "test_score": (1, 1)}.get(key, (1, 3))
     means = sorted(((statistics.mean(r[key]), name) for name, r in rows.items() if r.get(key)),
                    reverse=metric != "loss")
     return " · ".join(f"{name} {scale * m:.{digits}f}" for m, name in means)
@@ -285,7 +289,18 @@ def section(comparison: str) -> list[str]:
             + ". Test values: mean ± sample std over the final seeds, each seed's evaluation selected on validation; Δ: "
             "Welch 95 % interval of the difference of means, *within noise* when it contains 0 (parity). Trivial baselines on "
             "the same splits (the final seeds').", "", *tuned_section(models, baselines(comparison), reference=models[0].label,
-                                                          metric=selection_metric(comparison)), *fixed_grid_note(comparison)]
+                                                          metric=selection_metric(comparison),
+                                                          pending=pending_longer(comparison)), *fixed_grid_note(comparison)]
+
+
+def pending_longer(comparison: str) -> str | None:
+    """Why ``comparison`` gives no verdict yet: the longer comparison that it needs (:data:`LONGER`,
+    :data:`NEEDED_BECAUSE`) is not finished, e.g. ``"this schedule leaves curves rising; `lm/corpora-4x`
+    not finished"``; None where it needs none or that one is complete."""
+    for longer, (short, _) in LONGER.items():
+        if short == comparison and longer in COMPARISONS and progress(longer) != "complete":
+            return f"{NEEDED_BECAUSE[longer]}; `{longer}` not finished"
+    return None
 
 
 def fixed_grid_edges(comparison: str) -> list[tuple[str, str]]:
@@ -337,6 +352,16 @@ def progress(comparison: str) -> str:
     return "in progress" if any(r["points"] for r in reports) else "not started"
 
 
+def schedule_scale(comparison: str, record: dict) -> float:
+    """The length of ``comparison``'s schedule over an earlier run's (``record``, a stored run): its
+    ``train.epochs`` or ``train.steps`` override against the run's own epochs or steps; 1 where neither."""
+    sets = dict(o.split("=", 1) for o in OVERRIDES.get(comparison, []))
+    for key, field in (("train.epochs", "epochs"), ("train.steps", "steps")):
+        if key in sets and record.get(field):
+            return float(sets[key]) / float(record[field])
+    return 1.0
+
+
 def remaining(comparison: str) -> tuple[int, float | None, str]:
     """Runs left in ``comparison`` (grid points and final seeds, on the grid as it stands: a widened grid adds
     more), the one-core hours they take at the median time of its runs so far (else of the earlier runs of
@@ -351,12 +376,17 @@ def remaining(comparison: str) -> tuple[int, float | None, str]:
         times = [scale * float(p.metrics["wall_time_s"]) for sweep in sweeps_of(short) for p in sweep.results()
                  if p.metrics.get("wall_time_s")]
         source = f"the runs of {short}, times {scale:g} (this schedule's length)"
-    if not times:  # the earlier runs of the same configs (their own schedule), where a page keeps them
-        source = "the earlier runs of the same configs (their own schedule)"
+    if not times:  # the earlier runs of the same configs, where a page keeps them, scaled to this schedule
+        scales = []
         for config in COMPARISONS[comparison]:
             folder = STORE.parent / f"{config.split('/')[0]}_runs" / config.split("/")[-1]
             files = [*folder.glob("seed_*.json"), *folder.glob("holdout/seed_*.json")]
-            times += [float(r["wall_time_s"]) for r in (json.loads(f.read_text()) for f in files) if r.get("wall_time_s")]
+            for r in (json.loads(f.read_text()) for f in files):
+                if r.get("wall_time_s"):
+                    scales.append(schedule_scale(comparison, r))
+                    times.append(scales[-1] * float(r["wall_time_s"]))
+        source = "the earlier runs of the same configs" + (
+            " (their own schedule)" if set(scales) <= {1.0} else ", scaled to this schedule's length")
     hours = runs * statistics.median(times) / 3600 if times and runs else (0.0 if not runs else None)
     return runs, hours, source
 
@@ -379,9 +409,7 @@ def not_rerun_note(names: dict[str, str]) -> list[str]:
     if not left:
         return []
     return [f"Not rerun under this protocol yet: {'; '.join(left)}. One CPU core per run; a grid widened at an edge "
-            "adds runs. CPU budget: the issue's order finishes ListOps, Image, Fashion-MNIST vision and JapaneseVowels "
-            "first; the previous runs are below. `scripts/sweep_comparisons.py --only <comparison>` runs one "
-            "(resumable).", ""]
+            "adds runs. `scripts/sweep_comparisons.py --only <comparison>` runs one (resumable).", ""]
 
 
 def base_sweep(config: str, comparison: str, grid: dict[str, list[float]] = GRID) -> Sweep:
