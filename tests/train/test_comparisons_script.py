@@ -260,3 +260,11 @@ def test_an_estimate_from_earlier_runs_scales_them_to_the_comparisons_schedule(t
     (earlier / "seed_0.json").write_text(json.dumps({"wall_time_s": 1800.0, "epochs": 3}))
     runs, hours, source = tuned.remaining("uea/JapaneseVowels")
     assert runs == 14 and hours == 14 * 3600 / 3600 and "scaled to this schedule's length" in source
+
+
+def test_the_not_rerun_note_says_what_an_rl_comparison_waits_for(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("PRIMAL_ATTENTION_CACHE", str(tmp_path / "cache"))
+    tuned = _script(monkeypatch, tmp_path)
+    monkeypatch.setattr(tuned, "COMPARISONS", {"rl/walker2d-medium": ["rl/walker2d-medium_dt"]})
+    note = " ".join(tuned.not_rerun_note({"walker2d-medium": "rl/walker2d-medium"}))
+    assert "first: dataset walker2d-medium not collected (primal data collect-rl walker2d))" in note

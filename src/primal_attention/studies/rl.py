@@ -185,6 +185,11 @@ def tuned_lines() -> list[str]:
     if waiting:
         lines += ["Trivial baselines of the datasets collected but not compared yet (test score): "
                   + "; ".join(waiting) + ".", ""]
+    spent = {env: card["sac"]["cpu_seconds"] for env, card in cards().items() if card.get("sac", {}).get("cpu_seconds")}
+    if spent and any(tuned.waiting_for(f"rl/{d}") for d in tuned.RL_DATASETS):
+        lines += ["Collecting an environment's three datasets (`primal data collect-rl ENV`, one thread) took "
+                  + ", ".join(f"{sec / 60:.0f} CPU min for {env}" for env, sec in spent.items())
+                  + " here (SAC's training; the rollouts add a few minutes).", ""]
     return lines + tuned.not_rerun_note({d: f"rl/{d}" for d in tuned.RL_DATASETS})
 
 

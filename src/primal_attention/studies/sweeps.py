@@ -405,7 +405,8 @@ def not_rerun_note(names: dict[str, str]) -> list[str]:
             continue
         runs, hours, source = remaining(comparison)
         cost = "time per run unknown" if hours is None else f"≈ {hours:.1f} CPU h at the median time per run of {source}"
-        left.append(f"{label} ({state}; {runs} runs left, {cost})")
+        waiting = waiting_for(comparison)
+        left.append(f"{label} ({state}; {runs} runs left, {cost}" + (f"; first: {waiting}" if waiting else "") + ")")
     if not left:
         return []
     return [f"Not rerun under this protocol yet: {'; '.join(left)}. One CPU core per run; a grid widened at an edge "
