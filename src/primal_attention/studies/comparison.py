@@ -254,14 +254,14 @@ def tuned_section(entries: Sequence[Entry], baselines: dict[str, Any], *, refere
     if why is not None:
         lines += ["", f"**No verdict: {why.removeprefix('no fair verdict: ')}** (the differences are shown without a "
                       "direction: *excludes 0* where the interval does)."]
-    rising = [f"{label} ({k}/{n} seeds{_late_gain_text(o)})" for label, o in outcomes.items() if o is not None
-              for k, n in [still_improving(o)] if k]
+    rising = [f"{label} ({up}/{n} seeds{_late_gain_text(o)})" for label, o in outcomes.items() if o is not None
+              for up, n in [still_improving(o)] if up]
     if rising:
         trend = "still rising" if known[0].maximize else f"{metric} still falling"  # a loss improves downwards
         lines += ["", f"**Validation {trend} at the end of the schedule** (a new best in the last quarter of the "
-                      "evaluations, rounded up: the last 1 of 2 to 4, 2 of 5 to 8, 3 of 9 to 12; beyond every earlier one; the mean "
-                      "gain over the earlier best shown): "
-                      + "; ".join(rising) + ". The comparison holds for this budget only; a longer schedule may change it."]
+                      "evaluations, rounded up: the last 1 of 2 to 4, 2 of 5 to 8, 3 of 9 to 12; beyond every "
+                      "earlier one; the mean gain over the earlier best shown): " + "; ".join(rising)
+                      + ". The comparison holds for this budget only; a longer schedule may change it."]
     edges = [f"{label} ({edge})" for label, o in outcomes.items() if o is not None and (edge := at_grid_edge(o))]
     if edges:
         lines += ["", "**Chosen at the edge of the grid** (the best value may lie outside it; a grid is widened "
