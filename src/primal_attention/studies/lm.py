@@ -91,11 +91,9 @@ def decode_description() -> list[str]:
 def tuned_note() -> list[str]:
     """The tuned comparison (per-model lr on validation loss) with its perplexities once finished, and the
     label of the earlier runs' table below it."""
-    outs = [outcome(e) for e in tuned.entries("lm/corpora")]
-    finished = all(o is not None and len(o.test) == len(tuned.FINAL_SEEDS) for o in outs)
-    if finished:
-        ppl = "; ".join(f"{o.entry.label} {value_cell([math.exp(v) for v in o.test], 2)}" for o in outs)
-        note = [f"In test perplexity per BPE token (exp of each seed's val-selected test loss, then mean ± std): {ppl}.", "",
+    ppl = ppl_line("lm/corpora")
+    if ppl:
+        note = [ppl, "",
                 "**The table after the model and schedule below is the earlier runs, shared lr**: the configs' lr 1e-3",
                 "for every model (the same initialisation as now). Kept so the change is visible.", ""]
     else:
@@ -110,6 +108,15 @@ def tuned_note() -> list[str]:
             "(add-k smoothing in place of weight decay, k chosen on validation).", "", *note]
 
 
+def ppl_line(comparison: str) -> str:
+    """The comparison's test perplexities once every model's final seeds are in ("" before)."""
+    outs = [outcome(e) for e in tuned.entries(comparison)]
+    if not all(o is not None and len(o.test) == len(tuned.seeds_for(comparison)) for o in outs):
+        return ""
+    ppl = "; ".join(f"{o.entry.label} {value_cell([math.exp(v) for v in o.test], 2)}" for o in outs)
+    return f"In test perplexity per BPE token (exp of each seed's val-selected test loss, then mean ± std): {ppl}."
+
+
 def four_x_note() -> list[str]:
     """The LM again at a 4x schedule at every model's two best rates of the tuned grid (a confirmation:
     does the ranking hold once validation flattens?), as far as it has run."""
@@ -117,7 +124,8 @@ def four_x_note() -> list[str]:
             "The 1 500-step grid chose 1e-2 for every model with validation still falling, so the comparison runs "
             "again with 4× the steps (warmup and evaluations scaled alike; `scripts/sweep_comparisons.py --only "
             "lm/corpora-4x`), the rate chosen on validation among the two, then fresh final seeds.", "",
-            *tuned.section("lm/corpora-4x"), "", *tuned.not_rerun_note({"the 4× schedule": "lm/corpora-4x"})]
+            *tuned.section("lm/corpora-4x"), "", *([ppl, ""] if (ppl := ppl_line("lm/corpora-4x")) else []),
+            *tuned.not_rerun_note({"the 4× schedule": "lm/corpora-4x"})]
 
 
 def write_page() -> None:
