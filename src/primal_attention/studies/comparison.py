@@ -19,7 +19,7 @@ from typing import Any
 from primal_attention.train.stats import value_cell, welch_difference
 
 __all__ = ["CLAIM_DIRECTIONS", "Entry", "Outcome", "at_grid_edge", "baselines_for", "below_baseline", "best_baseline",
-           "clears_baseline", "late_gains", "no_verdict", "outcome", "still_improving", "tuned_section",
+           "clears_baseline", "display_digits", "display_scale", "late_gains", "no_verdict", "outcome", "still_improving", "tuned_section",
            "verdict_against_claim"]
 
 
@@ -116,11 +116,12 @@ def baselines_for(config: Path, seeds: Sequence[int], cache: Path, overrides: Se
     return merged
 
 
-def _scale(metric: str) -> float:
+def display_scale(metric: str) -> float:
+    """The factor a metric is shown with: accuracy in %, everything else as it is."""
     return 100.0 if metric == "acc" else 1.0
 
 
-def _digits(metric: str) -> int:
+def display_digits(metric: str) -> int:
     """Decimals shown: accuracy in % and RL's normalised score to 0.1, other metrics (a loss) to 0.001."""
     return 1 if metric in ("acc", "score") else 3
 
@@ -133,7 +134,7 @@ def late_gains(o: Outcome) -> list[float]:
     """Per final seed with a history, in the metric's good direction and display units: the best validation
     value of the last quarter of the evaluations (at least the last one) minus the best before it; > 0: the
     curve was still improving at the end of the schedule (the decay ending it, not a plateau)."""
-    key, s = f"val_{o.metric}", _scale(o.metric)
+    key, s = f"val_{o.metric}", display_scale(o.metric)
     sign = 1.0 if o.maximize else -1.0
     gains = []
     for h in o.histories:
@@ -156,7 +157,7 @@ def still_improving(o: Outcome) -> tuple[int, int]:
 def _late_gain_text(o: Outcome) -> str:
     """The mean late gain of the seeds still improving, e.g. ``+2.5``."""
     gains = [g for g in late_gains(o) if 0 < g < math.inf]
-    return f", {statistics.mean(gains):+.{_digits(o.metric)}f}" if gains else ""
+    return f", {statistics.mean(gains):+.{display_digits(o.metric)}f}" if gains else ""
 
 
 def best_baseline(baselines: dict[str, Any], metric: str, maximize: bool) -> tuple[float, str] | None:
@@ -193,11 +194,11 @@ def _flattened(o: Outcome) -> str:
 
 
 def _grid_cell(o: Outcome) -> str:
-    key, s = f"val_{o.metric}", _scale(o.metric)
+    key, s = f"val_{o.metric}", display_scale(o.metric)
     parts = []
     for p in o.points:
         value = ", ".join(f"{v:g}" for v in p["point"].values())
-        text = f"{value}: {s * p[key]:.{_digits(o.metric)}f}"
+        text = f"{value}: {s * p[key]:.{display_digits(o.metric)}f}"
         parts.append(f"**{text}**" if p["point"] == o.chosen else text)
     left = o.grid_size - len(o.points)
     return " · ".join(parts) + (f" ({left} left)" if left else "")
@@ -214,7 +215,7 @@ def tuned_section(entries: Sequence[Entry], baselines: dict[str, Any], *, refere
     outcomes = {e.label: outcome(e) for e in entries}
     known = [o for o in outcomes.values() if o is not None]
     metric = known[0].metric if known else metric
-    s, k = _scale(metric), _digits(metric)
+    s, k = display_scale(metric), display_digits(metric)
     ref = outcomes.get(reference)
     lines = [f"| model | validation {metric} per {swept} (chosen in bold) | n | test (val-selected) | best test | "
              f"final test | Δ vs {reference}, 95 % CI | selected curve |", "|---|---|---|---|---|---|---|---|"]
@@ -303,8 +304,8 @@ def below_baseline(entries: Sequence[Entry], baselines: dict[str, Any]) -> list[
             continue
         best, name = base
         if not clears_baseline(o.test, best, o.maximize):
-            s = _scale(o.metric)
-            k = _digits(o.metric)
+            s = display_scale(o.metric)
+            k = display_digits(o.metric)
             out.append(f"{e.label} ({s * statistics.mean(o.test):.{k}f} vs {name} {s * best:.{k}f})")
     return out
 

@@ -306,6 +306,7 @@ def _changes(system: System, tuned_values: dict[str, list[float]], earlier: dict
              base: float | None, earlier_base: float | None) -> list[str]:
     """One line per model: earlier → tuned value, and for the primal models earlier → tuned verdict."""
     digits = 1 if system.metric != "ppl" else 2
+    pending = _pending(system)
     out = []
     for label in ("Transformer", *MODELS):
         if label not in tuned_values:
@@ -314,7 +315,6 @@ def _changes(system: System, tuned_values: dict[str, list[float]], earlier: dict
         line = f"- {system.name}, {label}: {value_cell(before, digits) if before else '–'} → {value_cell(after, digits)}"
         if label != "Transformer":
             claimed = CLAIMED.get(system.name, {}).get(label)
-            pending = _pending(system)
             was_d, was = _verdict(before, earlier.get("Transformer", []), earlier_base, system.maximize, earlier, claimed,
                                   pending, digits)
             now_d, now = _verdict(after, tuned_values.get("Transformer", []), base, system.maximize, tuned_values, claimed,
@@ -373,13 +373,14 @@ def write_page(compute: bool) -> None:
                           f"datasets so far, on {system.page})")
         ref = values.get("Transformer", [])
         digits = 1 if system.metric != "ppl" else 2
+        pending = _pending(system)
         lines.append(f"| {system.name} | {system.data} | {CLAIMS[system.name]} | {source} | Transformer | "
                      f"{_cell(ref, digits, base, system.maximize)} | – | {base_text} | – | [{system.page}]({system.page}) |")
         for label in MODELS:
             if label not in values:
                 continue
             diff, word = _verdict(values[label], ref, base, system.maximize, values,
-                                  CLAIMED.get(system.name, {}).get(label), _pending(system), digits)
+                                  CLAIMED.get(system.name, {}).get(label), pending, digits)
             lines.append(f"| | | | | {label} | {_cell(values[label], digits, base, system.maximize)} | {diff} | | "
                          f"{word} | |")
     lines += ["", "Metrics: accuracy % (LRA, UEA, vision), test perplexity per BPE token (LM, lower is better), "

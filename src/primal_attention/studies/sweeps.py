@@ -22,7 +22,8 @@ import statistics
 import time
 
 from primal_attention.data.rl import D4RL_SCORES, DATASETS, dataset_file
-from primal_attention.studies.comparison import Entry, baselines_for, outcome, tuned_section
+from primal_attention.studies.comparison import (Entry, baselines_for, display_digits, display_scale, outcome,
+                                             tuned_section)
 from primal_attention.train.sweep import Sweep
 from primal_attention.studies.paths import ROOT
 
@@ -175,7 +176,7 @@ def trivial_line(comparison: str) -> str:
     key = next((k for r in rows.values() for k in r if k.startswith("test_")), None)
     if key is None:
         return ""
-    scale, digits = {"test_acc": (100, 1), "test_score": (1, 1)}.get(key, (1, 3))
+    scale, digits = display_scale(key[5:]), display_digits(key[5:])
     means = sorted(((statistics.mean(r[key]), name) for name, r in rows.items() if r.get(key)),
                    reverse=metric != "loss")
     return " · ".join(f"{name} {scale * m:.{digits}f}" for m, name in means)
@@ -327,7 +328,7 @@ def fixed_grid_edges(comparison: str) -> list[tuple[str, str]]:
         if step not in short_points or lr not in short_points:
             seen = f"{step:g} was not run on `{short}` either"
         else:
-            scale, digits = (100, 1) if metric == "acc" else (1, 3)
+            scale, digits = display_scale(metric), display_digits(metric)
             seen = (f"on `{short}` its validation {metric} at {step:g} was {scale * short_points[step]:.{digits}f} "
                     f"against {scale * short_points[lr]:.{digits}f} at {lr:g}")
         out.append((entry.label, f"{lr:g}, the {side}; {seen}"))
