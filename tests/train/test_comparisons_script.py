@@ -198,7 +198,7 @@ def test_final_seeds_wait_until_a_widened_grid_stops_widening(tmp_path, monkeypa
     assert ran == [("grid", 3e-3), ("grid", 1e-2), ("grid", 3e-2)]  # no finals on the grids that widened
 
 
-def test_a_choice_at_the_edge_of_a_fixed_grid_is_flagged_with_what_the_short_schedule_saw_beyond(tmp_path, monkeypatch) -> None:
+def test_a_fixed_grid_is_widened_like_any_grid_when_a_choice_lies_at_its_edge(tmp_path, monkeypatch) -> None:
     tuned = _script(monkeypatch, tmp_path)
     models = ["uea/JapaneseVowels_transformer", "uea/JapaneseVowels_primalformer"]
     monkeypatch.setattr(tuned, "COMPARISONS", {"uea/JapaneseVowels": models, "uea/long": models})
@@ -206,20 +206,18 @@ def test_a_choice_at_the_edge_of_a_fixed_grid_is_flagged_with_what_the_short_sch
     monkeypatch.setattr(tuned, "LONGER", {"uea/long": ("uea/JapaneseVowels", 2.0)})
     monkeypatch.setattr(tuned, "STORE_SUFFIX", {"uea/long": "_long"})
     monkeypatch.setattr(tuned, "OVERRIDES", {})
-    # the short grid (widened to 3e-2 for nobody: only the transformer's store gets 3e-2 and 1e-2 there)
-    short = tmp_path / "JapaneseVowels_transformer" / "points"
-    _store(short / point_name({"optim.lr": 1e-2}) / "seed_0.json", 0.8)
-    _store(short / point_name({"optim.lr": 3e-2}) / "seed_0.json", 0.6)
-    for stem, best in (("JapaneseVowels_transformer_long", 1e-2), ("JapaneseVowels_primalformer_long", 1e-2)):
+    assert tuned.grid_for("uea/long") == {"optim.lr": [3e-3, 1e-2]}
+    # the Transformer picks the larger rate, the PrimalFormer the smaller: both edges, so both sides widen
+    for stem, best in (("JapaneseVowels_transformer_long", 1e-2), ("JapaneseVowels_primalformer_long", 3e-3)):
         for lr in (3e-3, 1e-2):
             _store(tmp_path / stem / "points" / point_name({"optim.lr": lr}) / "seed_0.json", 0.9 if lr == best else 0.7)
-    edges = dict(tuned.fixed_grid_edges("uea/long"))
-    assert edges["Transformer"] == "0.01, the largest; on `uea/JapaneseVowels` its validation acc at 0.03 was 60.0 " \
-                                   "against 80.0 at 0.01"
-    assert edges["PrimalFormer"] == "0.01, the largest; 0.03 was not run on `uea/JapaneseVowels` either"
-    note = " ".join(tuned.fixed_grid_note("uea/long"))
-    assert "**Chosen at the edge of this fixed grid**" in note and "Transformer (0.01, the largest;" in note
-    assert tuned.fixed_grid_edges("uea/JapaneseVowels") == [] and tuned.fixed_grid_note("uea/JapaneseVowels") == []
+    assert tuned.grid_for("uea/long") == {"optim.lr": [1e-3, 3e-3, 1e-2, 3e-2]}
+    assert "`optim.lr` ∈ {0.003, 0.01}, widened for every model by 0.001, 0.03" in tuned.section("uea/long")[0]
+    # once the new rates are run and lose, every choice is interior and the grid stops there
+    for stem in ("JapaneseVowels_transformer_long", "JapaneseVowels_primalformer_long"):
+        for lr in (1e-3, 3e-2):
+            _store(tmp_path / stem / "points" / point_name({"optim.lr": lr}) / "seed_0.json", 0.5)
+    assert tuned.grid_for("uea/long") == {"optim.lr": [1e-3, 3e-3, 1e-2, 3e-2]}
 
 
 def test_a_table_of_earlier_runs_lists_the_stored_trivial_baselines_best_first(tmp_path, monkeypatch) -> None:

@@ -120,10 +120,11 @@ def ppl_line(comparison: str) -> str:
 def four_x_note() -> list[str]:
     """The LM again at a 4x schedule at every model's two best rates of the tuned grid (a confirmation:
     does the ranking hold once validation flattens?), as far as it has run."""
-    return ["## The 4× schedule: 6 000 steps at each model's two best rates (1e-2, 3e-3)", "",
+    return ["## The 4× schedule: 6 000 steps from each model's two best rates (1e-2, 3e-3)", "",
             "The 1 500-step grid chose 1e-2 for every model with validation still falling, so the comparison runs "
             "again with 4× the steps (warmup and evaluations scaled alike; `scripts/sweep_comparisons.py --only "
-            "lm/corpora-4x`), the rate chosen on validation among the two, then fresh final seeds.", "",
+            "lm/corpora-4x`), starting from the two best rates and widened like any grid while a choice lies at its "
+            "edge, the rate chosen on validation, then fresh final seeds.", "",
             *tuned.section("lm/corpora-4x"), "", *([ppl, ""] if (ppl := ppl_line("lm/corpora-4x")) else []),
             *tuned.not_rerun_note({"the 4× schedule": "lm/corpora-4x"})]
 

@@ -131,7 +131,7 @@ SYSTEMS = [
            "lm/corpora" if "lm/corpora" in tuned.COMPARISONS else None, {},
            "Shakespeare / Milton / Bible stand-in (paper: WikiText-103)", "lm/corpora_transformer",
            "lm_corpora.json", init="init unchanged (its departures from the authors' in docs/method.md §8)",
-           **_longer("lm/corpora-4x", "4× the steps at every model's two best rates")),
+           **_longer("lm/corpora-4x", "4× the steps from every model's two best rates")),
     System("Offline RL (9-dataset mean)", "rl.md", "score", True,
            {"Transformer": [RESULTS / "rl_runs" / f"{d}_dt" for d in RL_DATASETS],
             "Primal.+Trans.": [RESULTS / "rl_runs" / f"{d}_primal+" for d in RL_DATASETS]},
@@ -247,8 +247,6 @@ def _values(system: System) -> tuple[dict[str, list[float]], str, bool]:
             rising = [f"{label} {k}/{n}" for label, o in outs.items() for k, n in [still_improving(o)] if k]
             note = f"; validation still improving at the schedule's end (seeds): {', '.join(rising)}" if rising else ""
             edges = [f"{label} ({edge})" for label, o in outs.items() if (edge := at_grid_edge(o))]
-            edges += [f"{label} ({detail.split(';')[0]} of a fixed grid)" for label, detail in tuned.fixed_grid_edges(
-                _comparison(system))]
             note += f"; chosen at the grid's edge: {', '.join(edges)}" if edges else ""
             return ({label: [convert(v) for v in o.test] for label, o in outs.items()},
                     f"{TUNED}, {system.init}{note}{_longer_note(system)}", True)

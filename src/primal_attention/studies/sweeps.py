@@ -58,7 +58,8 @@ COMPARISONS["lm/corpora-4x"] = COMPARISONS["lm/corpora"]
 COMPARISONS["lra/image-4x"] = COMPARISONS["lra/image"]
 COMPARISONS["vision/fmnist-30ep"] = COMPARISONS["vision/fmnist"]
 COMPARISONS["lra/listops-96k"] = COMPARISONS["lra/listops"]
-#: a comparison's own grid instead of GRID, not widened (a confirmation at fixed rates, not a search)
+#: a comparison's own starting grid instead of GRID (the short schedule's two best rates: a confirmation, not
+#: a search), widened like GRID when a choice lands at its edge
 FIXED_GRIDS: dict[str, dict[str, list[float]]] = {"lm/corpora-4x": {"optim.lr": [3e-3, 1e-2]},
                                                   "lra/image-4x": {"optim.lr": [3e-4, 1e-3]},
                                                   "vision/fmnist-30ep": {"optim.lr": [3e-3, 1e-2]}}
@@ -251,13 +252,12 @@ MAX_WIDENINGS = 4
 
 
 def grid_for(comparison: str) -> dict[str, list[float]]:
-    """The learning rates every model of ``comparison`` is swept over: GRID, widened one step beyond an
-    edge whenever every model's sweep of the current grid is complete and some model chose that edge (on
-    validation), again and again until every choice is interior (at most MAX_WIDENINGS per side), so that
-    no model's choice is cut off by the grid while all keep the same grid and budget."""
-    if comparison in FIXED_GRIDS:
-        return FIXED_GRIDS[comparison]
-    lrs = list(GRID["optim.lr"])
+    """The learning rates every model of ``comparison`` is swept over: its starting grid (FIXED_GRIDS, else
+    GRID), widened one step beyond an edge whenever every model's sweep of the current grid is complete and
+    some model chose that edge (on validation), again and again until every choice is interior (at most
+    MAX_WIDENINGS per side), so that no model's choice is cut off by the grid while all keep the same grid
+    and budget."""
+    lrs = list(FIXED_GRIDS.get(comparison, GRID)["optim.lr"])
     widened = {"low": 0, "high": 0}
     while True:
         grid = {"optim.lr": lrs}
@@ -291,7 +291,7 @@ def section(comparison: str) -> list[str]:
             "Welch 95 % interval of the difference of means, *within noise* when it contains 0 (parity). Trivial baselines on "
             "the same splits (the final seeds').", "", *tuned_section(models, baselines(comparison), reference=models[0].label,
                                                           metric=selection_metric(comparison),
-                                                          pending=pending_longer(comparison)), *fixed_grid_note(comparison)]
+                                                          pending=pending_longer(comparison))]
 
 
 def pending_longer(comparison: str) -> str | None:
@@ -302,47 +302,6 @@ def pending_longer(comparison: str) -> str | None:
         if short == comparison and longer in COMPARISONS and progress(longer) != "complete":
             return f"{NEEDED_BECAUSE[longer]}; `{longer}` not finished"
     return None
-
-
-def fixed_grid_edges(comparison: str) -> list[tuple[str, str]]:
-    """For a comparison on a fixed grid (:data:`FIXED_GRIDS`, never widened): ``(label, detail)`` of each model
-    whose choice is the grid's smallest or largest rate, e.g. ``("Transformer", "0.01, the largest; on
-    `lm/corpora` its validation loss at 0.03 was 4.617 against 4.493 at 0.01")``: what its short comparison
-    measured one step beyond on the ladder, or that it was never run. Empty where every choice is interior
-    or the grid is not finished."""
-    if comparison not in FIXED_GRIDS or comparison not in LONGER:
-        return []
-    short = LONGER[comparison][0]
-    rates = FIXED_GRIDS[comparison]["optim.lr"]
-    metric = selection_metric(comparison)
-    out = []
-    for config, entry, sweep in zip(COMPARISONS[comparison], entries(comparison), sweeps_of(comparison)):
-        chosen = sweep.chosen() if len(sweep.results()) == len(sweep.points) else None
-        lr = None if chosen is None else chosen.point["optim.lr"]
-        if lr not in (min(rates), max(rates)):
-            continue
-        side = "largest" if lr == max(rates) else "smallest"
-        step = beyond(lr, up=lr == max(rates))
-        # the short comparison's runs at these two rates, wherever its (widened) grid stands
-        short_points = {p.point["optim.lr"]: p.val for p in base_sweep(config, short, {"optim.lr": [lr, step]}).results()}
-        if step not in short_points or lr not in short_points:
-            seen = f"{step:g} was not run on `{short}` either"
-        else:
-            scale, digits = display_scale(metric), display_digits(metric)
-            seen = (f"on `{short}` its validation {metric} at {step:g} was {scale * short_points[step]:.{digits}f} "
-                    f"against {scale * short_points[lr]:.{digits}f} at {lr:g}")
-        out.append((entry.label, f"{lr:g}, the {side}; {seen}"))
-    return out
-
-
-def fixed_grid_note(comparison: str) -> list[str]:
-    """A page's flag for :func:`fixed_grid_edges` (nothing where there is none)."""
-    edges = fixed_grid_edges(comparison)
-    if not edges:
-        return []
-    return ["", "**Chosen at the edge of this fixed grid** (the short schedule's two best rates, not widened: a "
-                "confirmation, not a search; the best rate at this schedule may lie beyond it): "
-                + "; ".join(f"{label} ({detail})" for label, detail in edges) + "."]
 
 
 def progress(comparison: str) -> str:

@@ -30,7 +30,7 @@ SCALING = ROOT / "docs" / "results" / "vision" / "scaling.md"
 
 
 def longer_section() -> list[str]:
-    """The 30-epoch comparison (each model at its two best rates of the 5-epoch grid), once begun."""
+    """The 30-epoch comparison (from each model's two best rates of the 5-epoch grid, widened at an edge), once begun."""
     if tuned.progress("vision/fmnist-30ep") == "not started":
         return []
     return ["### 30 epochs", "", *tuned.section("vision/fmnist-30ep"), ""]
