@@ -202,7 +202,7 @@ def test_a_fixed_grid_is_widened_like_any_grid_when_a_choice_lies_at_its_edge(tm
     tuned = _script(monkeypatch, tmp_path)
     models = ["uea/JapaneseVowels_transformer", "uea/JapaneseVowels_primalformer"]
     monkeypatch.setattr(tuned, "COMPARISONS", {"uea/JapaneseVowels": models, "uea/long": models})
-    monkeypatch.setattr(tuned, "FIXED_GRIDS", {"uea/long": {"optim.lr": [3e-3, 1e-2]}})
+    monkeypatch.setattr(tuned, "START_GRIDS", {"uea/long": {"optim.lr": [3e-3, 1e-2]}})
     monkeypatch.setattr(tuned, "LONGER", {"uea/long": ("uea/JapaneseVowels", 2.0)})
     monkeypatch.setattr(tuned, "STORE_SUFFIX", {"uea/long": "_long"})
     monkeypatch.setattr(tuned, "OVERRIDES", {})

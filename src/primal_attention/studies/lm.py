@@ -118,7 +118,7 @@ def ppl_line(comparison: str) -> str:
 
 
 def four_x_note() -> list[str]:
-    """The LM again at a 4x schedule at every model's two best rates of the tuned grid (a confirmation:
+    """The LM again at a 4x schedule from every model's two best rates of the tuned grid (a confirmation:
     does the ranking hold once validation flattens?), as far as it has run."""
     return ["## The 4× schedule: 6 000 steps from each model's two best rates (1e-2, 3e-3)", "",
             "The 1 500-step grid chose 1e-2 for every model with validation still falling, so the comparison runs "

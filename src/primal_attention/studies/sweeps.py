@@ -60,7 +60,7 @@ COMPARISONS["vision/fmnist-30ep"] = COMPARISONS["vision/fmnist"]
 COMPARISONS["lra/listops-96k"] = COMPARISONS["lra/listops"]
 #: a comparison's own starting grid instead of GRID (the short schedule's two best rates: a confirmation, not
 #: a search), widened like GRID when a choice lands at its edge
-FIXED_GRIDS: dict[str, dict[str, list[float]]] = {"lm/corpora-4x": {"optim.lr": [3e-3, 1e-2]},
+START_GRIDS: dict[str, dict[str, list[float]]] = {"lm/corpora-4x": {"optim.lr": [3e-3, 1e-2]},
                                                   "lra/image-4x": {"optim.lr": [3e-4, 1e-3]},
                                                   "vision/fmnist-30ep": {"optim.lr": [3e-3, 1e-2]}}
 #: a longer comparison -> (its short one, the time of one of its runs over one of the short one's), for the
@@ -252,12 +252,12 @@ MAX_WIDENINGS = 4
 
 
 def grid_for(comparison: str) -> dict[str, list[float]]:
-    """The learning rates every model of ``comparison`` is swept over: its starting grid (FIXED_GRIDS, else
+    """The learning rates every model of ``comparison`` is swept over: its starting grid (START_GRIDS, else
     GRID), widened one step beyond an edge whenever every model's sweep of the current grid is complete and
     some model chose that edge (on validation), again and again until every choice is interior (at most
     MAX_WIDENINGS per side), so that no model's choice is cut off by the grid while all keep the same grid
     and budget."""
-    lrs = list(FIXED_GRIDS.get(comparison, GRID)["optim.lr"])
+    lrs = list(START_GRIDS.get(comparison, GRID)["optim.lr"])
     widened = {"low": 0, "high": 0}
     while True:
         grid = {"optim.lr": lrs}
@@ -276,7 +276,7 @@ def grid_for(comparison: str) -> dict[str, list[float]]:
 
 def section(comparison: str) -> list[str]:
     """The tuned comparison as markdown lines for a results page."""
-    base = FIXED_GRIDS.get(comparison, GRID)
+    base = START_GRIDS.get(comparison, GRID)
     grid = ", ".join(f"`{k}` ∈ {{{', '.join(f'{v:g}' for v in vs)}}}" for k, vs in base.items())
     added = [v for v in grid_for(comparison)["optim.lr"] if v not in base["optim.lr"]]
     if added:
