@@ -71,6 +71,10 @@ def test_tuned_section_rows_choice_interval_and_baselines(tmp_path: Path) -> Non
                          reference="Transformer")
     assert any(line.startswith("| PrimalFormer") and line.split(" | ")[6].endswith("better") for line in fair)
     assert not any(line.startswith("**No verdict") for line in fair)
+    # a still-rising schedule gives that verdict only because the Transformer clears every trivial baseline
+    assert "read as a verdict because the Transformer is above every trivial baseline, best majority 50.0" in \
+        "\n".join(fair)
+    assert "read as a verdict" not in text
     # stds 1.0 a side, n = 3: Welch df = 4, t = 2.776, half-width 2.776 · sqrt(2/3) = 2.27
     assert "**Smallest detectable difference** (half the width of the 95 % interval" in text
     assert "PrimalFormer ±2.3." in text

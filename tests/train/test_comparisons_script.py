@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from primal_attention.studies.comparison import BASELINES_VERSION
 from primal_attention.train.sweep import point_name
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -15,6 +16,8 @@ def _script(monkeypatch, store: Path):
 
     monkeypatch.setattr(module, "STORE", store)
     monkeypatch.setattr(module, "WORK", store / "work")
+    monkeypatch.setattr(module, "BASELINES", store / "baselines")  # nothing a test computes lands in docs/
+    monkeypatch.setattr(module, "COLLECTED_BEHAVIOUR", store / "baselines" / "rl_collected_behaviour.json")
     monkeypatch.setattr(module, "COMPARISONS", {"uea/JapaneseVowels": ["uea/JapaneseVowels_transformer"]})
     return module
 
@@ -136,6 +139,7 @@ def test_an_rl_baseline_comes_from_the_card_of_the_data_in_use_and_is_kept(tmp_p
 def test_rl_old_vs_new_rows_read_the_first_round_with_and_without_its_reused_sweep_run(tmp_path, monkeypatch) -> None:
     from primal_attention.studies import rl as page
 
+    monkeypatch.setenv("PRIMAL_ATTENTION_CACHE", str(tmp_path / "cache"))  # no collection card on this machine
     tuned = _script(monkeypatch, tmp_path)
     monkeypatch.setattr(page, "FIRST_ROUND_BEHAVIOUR", tmp_path / "behaviour.json")
     (tmp_path / "behaviour.json").write_text(json.dumps({"hopper-medium": 37.0}))
@@ -148,14 +152,25 @@ def test_rl_old_vs_new_rows_read_the_first_round_with_and_without_its_reused_swe
                         (first / "final" / "optim.lr=0.01" / "seed_2.json", 31.0)]:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({"test_score": score, "val_examples": 5}))
-    assert page.first_round("hopper-medium", "dt") == {"chosen": "0.01", "episodes": 5, "sweep_run": 60.0,
+    assert page.first_round("hopper-medium", "dt") == {"chosen": "0.01", "episodes": 5, "sweep_run": 60.0, "edge": False,
                                                        "fresh": {1: 30.0, 2: 31.0}}
     assert page.first_round("hopper-medium", "primal+") is None
     rows = [line for line in page.round_comparison_lines() if line.startswith("| hopper-medium")]
     assert len(rows) == 1
     cells = [c.strip() for c in rows[0].strip("|").split("|")]
     assert cells[2:7] == ["37.0", "0.01", "60.0", "40.3 ± 17.0 (n=3)", "30.5 ± 0.7 (n=2)"] and cells[7:] == ["–", "–"]
+    for lr in ("0.001", "0.003"):  # the first round's grid below 0.01: its choice was the largest rate
+        (first / "points" / f"optim.lr={lr}").mkdir()
+    assert page.first_round("hopper-medium", "dt")["edge"]
+    assert "| 0.01 (at the grid's edge) |" in "".join(page.round_comparison_lines())
     assert tuned.entries("rl/hopper-medium")[0].store == tmp_path / f"hopper-medium_dt_ep{tuned.RL_EVAL_EPISODES}"
+    # whether the rounds shared their data is read from the two collections' behaviour scores
+    assert "The second round's collection is not recorded yet" in "".join(page.round_comparison_lines())
+    tuned.COLLECTED_BEHAVIOUR.parent.mkdir(parents=True, exist_ok=True)
+    tuned.COLLECTED_BEHAVIOUR.write_text(json.dumps({"hopper-medium": 37.0}))
+    assert "Both rounds trained on the same collection here" in "".join(page.round_comparison_lines())
+    tuned.COLLECTED_BEHAVIOUR.write_text(json.dumps({"hopper-medium": 36.5}))
+    assert "The rounds did not all train on the same collection" in "".join(page.round_comparison_lines())
 
 
 def test_cached_baselines_of_other_data_are_stale_and_unknown_data_reads_the_cache(tmp_path, monkeypatch) -> None:
@@ -206,6 +221,7 @@ def test_a_fixed_grid_is_widened_like_any_grid_when_a_choice_lies_at_its_edge(tm
     monkeypatch.setattr(tuned, "LONGER", {"uea/long": ("uea/JapaneseVowels", 2.0)})
     monkeypatch.setattr(tuned, "STORE_SUFFIX", {"uea/long": "_long"})
     monkeypatch.setattr(tuned, "OVERRIDES", {})
+    monkeypatch.setattr(tuned, "baselines", lambda comparison, **kw: {})  # the page's grid line is what is tested
     assert tuned.grid_for("uea/long") == {"optim.lr": [3e-3, 1e-2]}
     # the Transformer picks the larger rate, the PrimalFormer the smaller: both edges, so both sides widen
     for stem, best in (("JapaneseVowels_transformer_long", 1e-2), ("JapaneseVowels_primalformer_long", 3e-3)):
@@ -228,7 +244,7 @@ def test_a_table_of_earlier_runs_lists_the_stored_trivial_baselines_best_first(t
     rows = {"majority": {"what": "m", "test_acc": [0.084] * 10}, "linear": {"what": "l", "test_acc": [0.969] * 10}}
     (tmp_path / "baselines" / "uea_JapaneseVowels.json").write_text(json.dumps(
         {"seeds": list(tuned.seeds_for("uea/JapaneseVowels")), "overrides": tuned.OVERRIDES["uea/JapaneseVowels"],
-         "version": 2, "baselines": rows}))
+         "version": BASELINES_VERSION, "baselines": rows}))
     assert tuned.trivial_line("uea/JapaneseVowels") == "linear 96.9 · majority 8.4"
 
 
@@ -266,3 +282,47 @@ def test_the_not_rerun_note_says_what_an_rl_comparison_waits_for(tmp_path, monke
     monkeypatch.setattr(tuned, "COMPARISONS", {"rl/walker2d-medium": ["rl/walker2d-medium_dt"]})
     note = " ".join(tuned.not_rerun_note({"walker2d-medium": "rl/walker2d-medium"}))
     assert "first: dataset walker2d-medium not collected (primal data collect-rl walker2d))" in note
+
+
+def test_an_estimate_counts_the_widening_an_edge_choice_makes_certain(tmp_path, monkeypatch) -> None:
+    tuned = _script(monkeypatch, tmp_path)
+    models = ["uea/JapaneseVowels_transformer", "uea/JapaneseVowels_primalformer"]
+    monkeypatch.setattr(tuned, "COMPARISONS", {"uea/JapaneseVowels": models})
+    monkeypatch.setattr(tuned, "OVERRIDES", {})
+    finals = len(tuned.seeds_for("uea/JapaneseVowels"))
+    grid = tuned.GRID["optim.lr"]
+    assert tuned.certain_widening("uea/JapaneseVowels") == 0 and tuned.remaining("uea/JapaneseVowels")[0] == 2 * (4 + finals)
+    # the Transformer's grid is done and chose its largest rate: every model's grid will gain one rate
+    for lr in grid:
+        _store(tmp_path / "JapaneseVowels_transformer" / "points" / point_name({"optim.lr": lr}) / "seed_0.json",
+               0.9 if lr == grid[-1] else 0.7)
+    assert tuned.certain_widening("uea/JapaneseVowels") == 1
+    assert tuned.remaining("uea/JapaneseVowels")[0] == finals + (4 + finals) + 2
+    note = " ".join(tuned.not_rerun_note({"JapaneseVowels": "uea/JapaneseVowels"}))
+    assert f"{finals + (4 + finals) + 2} runs left" in note and "counting the 1 rate per model that a choice at" in note
+    # once every model's grid is done the grid itself is widened, and the new rates are counted as points left
+    for lr in grid:
+        _store(tmp_path / "JapaneseVowels_primalformer" / "points" / point_name({"optim.lr": lr}) / "seed_0.json",
+               0.9 if lr == grid[1] else 0.7)  # an interior choice: only the Transformer's edge widens
+    assert tuned.certain_widening("uea/JapaneseVowels") == 0
+    assert tuned.remaining("uea/JapaneseVowels")[0] == 2 * (1 + finals)
+
+
+def test_an_estimate_from_earlier_runs_takes_the_slowdown_of_comparisons_with_the_same_overrides(tmp_path, monkeypatch) -> None:
+    tuned = _script(monkeypatch, tmp_path)
+    monkeypatch.setattr(tuned, "COMPARISONS", {"uea/JapaneseVowels": ["uea/JapaneseVowels_transformer"],
+                                               "uea/BasicMotions": ["uea/BasicMotions_transformer"],
+                                               "uea/FSDD": ["uea/FSDD_transformer"]})
+    monkeypatch.setattr(tuned, "OVERRIDES", {"uea/JapaneseVowels": ["train.epochs=3"], "uea/BasicMotions": ["train.epochs=3"],
+                                             "uea/FSDD": ["train.epochs=2"]})
+    monkeypatch.setattr(tuned, "STORE", tmp_path / "store")
+    for config, wall in (("JapaneseVowels_transformer", 50.0), ("BasicMotions_transformer", 100.0), ("FSDD_transformer", 10.0)):
+        (tmp_path / "uea_runs" / config / "holdout").mkdir(parents=True)
+        (tmp_path / "uea_runs" / config / "holdout" / "seed_0.json").write_text(json.dumps({"wall_time_s": wall, "epochs": 3 if config[0] != "F" else 2}))
+    point = tmp_path / "store" / "JapaneseVowels_transformer" / "points" / point_name({"optim.lr": 1e-4}) / "seed_0.json"
+    _store(point, 0.9)
+    point.write_text(json.dumps({**json.loads(point.read_text()), "wall_time_s": 200.0}))  # 4x its earlier run
+    runs, hours, source = tuned.remaining("uea/BasicMotions")
+    assert hours == runs * 400.0 / 3600 and "times 4.00 (the median ratio of the runs of uea/JapaneseVowels" in source
+    runs, hours, source = tuned.remaining("uea/FSDD")  # other overrides: its earlier runs as they are
+    assert hours == runs * 10.0 / 3600 and "ratio" not in source

@@ -34,7 +34,7 @@ def test_the_finished_comparison_is_given_in_perplexity_and_the_earlier_table_st
     std = math.sqrt(sum((v - mean) ** 2 for v in ppl) / 2)
     assert f"Transformer {mean:.2f} ± {std:.2f}" in text
     assert f"PrimalFormer {math.exp(4.4):.2f} ± 0.00" in text
-    assert "earlier runs, shared lr" in text and "Not rerun" not in text
+    assert "The earlier runs (**shared lr**" in text and "*Previous runs*" in text and "Not rerun" not in text
 
     losses["PrimalFormer"] = [4.4]  # one final seed short: not finished
     text = "\n".join(page.tuned_note())

@@ -126,3 +126,35 @@ def test_a_row_waiting_for_its_longer_comparison_gives_no_verdict_until_it_fills
     state["lm/corpora-4x"] = "complete"
     assert summary._pending(lm) is None
     assert summary._pending(next(s for s in summary.SYSTEMS if s.name == "LRA text")) is None  # none registered
+
+
+def test_a_single_seed_below_the_trivial_baseline_is_flagged_too(tmp_path, monkeypatch) -> None:
+    summary = _summary(monkeypatch, tmp_path)
+    assert summary._cell([48.2], 1, 62.5, True).endswith("(n=1) ⚠ not above the trivial baseline")
+    assert summary._cell([70.0], 1, 62.5, True) == "70.0 (n=1)"
+    assert summary._cell([], 1, 62.5, True) == "– (n=0)"  # nothing measured: nothing to flag
+    assert summary._cell([60.0], 2, 62.5, False) == "60.00 (n=1)"  # lower is better (perplexity)
+
+
+def test_the_change_list_puts_the_tuned_value_of_the_earlier_schedule_between_when_a_longer_one_fills_the_row(
+        tmp_path, monkeypatch) -> None:
+    summary = _summary(monkeypatch, tmp_path)
+    lm = next(s for s in summary.SYSTEMS if s.name == "Causal LM")
+    values = {"lm/corpora": {"Transformer": [93.0, 94.0], "Primal.+Trans.": [93.0, 93.5]},
+              "lm/corpora-4x": {"Transformer": [63.0, 64.0], "Primal.+Trans.": [64.0, 64.5]}}
+    monkeypatch.setattr(summary, "_comparison_values", lambda system, c: (values[c], {}))
+    monkeypatch.setattr(summary.tuned, "progress", lambda c: "complete")
+    earlier = {"Transformer": [123.0, 124.0], "Primal.+Trans.": [123.5, 124.0]}
+    lines = summary._changes(lm, values["lm/corpora-4x"], earlier, 119.5, 119.5)
+    assert lines[0] == ("- Causal LM, Transformer: 123.50 ± 0.71 → 93.50 ± 0.71 (tuned, same schedule) → "
+                        "63.50 ± 0.71 (4× the steps from every model's two best rates)")
+    assert lines[1].startswith("- Causal LM, Primal.+Trans.: 123.75 ± 0.35 → 93.25 ± 0.35 (tuned, same schedule) → ")
+    monkeypatch.setattr(summary.tuned, "progress", lambda c: "complete" if c == "lm/corpora" else "in progress")
+    assert "same schedule" not in summary._changes(lm, values["lm/corpora"], earlier, 119.5, 119.5)[0]
+
+
+def test_no_verdict_is_read_before_the_trivial_baselines_are_computed(tmp_path, monkeypatch) -> None:
+    summary = _summary(monkeypatch, tmp_path)
+    ref, primal = [80.0, 80.5, 80.2], [86.8, 86.6, 87.0]
+    cell, verdict = summary._verdict(primal, ref, None, True, {"Transformer": ref, "PrimalFormer": primal}, "parity")
+    assert verdict == "no verdict: trivial baselines not computed yet" and cell.endswith("excludes 0")

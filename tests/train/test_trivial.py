@@ -86,13 +86,38 @@ def test_the_linear_baseline_reads_the_raw_input_and_selects_its_decay_on_valida
     w = torch.randn(20, 3, generator=g)
     x = torch.randn(600, 20, generator=g)
     y = (x @ w).argmax(1)
-    acc_v, acc_t, decay = fit_linear((x[:400], y[:400]), (x[400:500], y[400:500]), (x[500:], y[500:]), 3)
-    assert acc_v > 0.9 and acc_t > 0.9 and decay in (1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1)
+    acc_v, acc_t, decay, tried = fit_linear((x[:400], y[:400]), (x[400:500], y[400:500]), (x[500:], y[500:]), 3)
+    assert acc_v > 0.9 and acc_t > 0.9 and decay in tried and tried[0] < decay < tried[-1]
     # a series is flattened and zeroed past its end; padding values never reach the features
     series = SimpleNamespace(x=torch.ones(2, 4, 3), mask=torch.tensor([[True] * 4, [True, True, False, False]]),
                              vocab_size=None, name="s", x2=None)
     (feats,), what = raw_features([series])
     assert feats.shape == (2, 12) and float(feats[1, 6:].abs().sum()) == 0.0 and "flattened" in what
+
+
+def test_a_baselines_regularisation_grid_widens_past_an_edge_until_the_choice_is_interior() -> None:
+    from primal_attention.train.trivial import grid_text, select_widened
+
+    calls: list[float] = []
+
+    def peaked_at(top: float):
+        def score(v: float) -> tuple[float, str]:
+            calls.append(v)
+            return -abs(math.log10(v) - math.log10(top)), f"fit {v:g}"
+        return score
+
+    # the best value lies two decades past the upper edge: the grid grows one decade at a time, one fit each
+    value, score, payload, tried = select_widened((1e-3, 1e-2, 1e-1), peaked_at(10.0))
+    assert value == 10.0 and score == 0.0 and payload == "fit 10" and tried == [1e-3, 1e-2, 1e-1, 1.0, 10.0, 100.0]
+    assert sorted(calls) == tried  # nothing is fitted twice
+    assert grid_text(tried, value) == "{0.001, 0.01, 0.1, 1, 10, 100}, here 10"
+    # the lower edge widens downwards; an interior choice widens nothing
+    assert select_widened((1e-3, 1e-2, 1e-1), peaked_at(1e-5))[3][:2] == [1e-6, 1e-5]
+    assert select_widened((1e-3, 1e-2, 1e-1), peaked_at(1e-2))[3] == [1e-3, 1e-2, 1e-1]
+    # ties go to the larger value; the widening stops after max_widen steps and the text says so
+    value, _, _, tried = select_widened((1.0, 2.0), lambda v: (0.5, None), factor=2.0, max_widen=3)
+    assert value == 16.0 and tried == [1.0, 2.0, 4.0, 8.0, 16.0]
+    assert grid_text(tried, value).endswith("here 16, at the edge of what was tried")
 
 
 def test_baselines_cli_on_tiny_uea(tmp_path) -> None:

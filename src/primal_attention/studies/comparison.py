@@ -72,8 +72,9 @@ def outcome(entry: Entry) -> Outcome | None:
                    rep["grid"])
 
 
-#: what the trivial baselines include; a cache of another version is recomputed (2: the linear baseline).
-BASELINES_VERSION = 2
+#: what the trivial baselines include; a cache of another version is recomputed (2: the linear baseline;
+#: 3: its regularisation grid widened past an edge while the choice lies there).
+BASELINES_VERSION = 3
 
 
 def baselines_for(config: Path, seeds: Sequence[int], cache: Path, overrides: Sequence[str] = (), *,
@@ -262,7 +263,10 @@ def tuned_section(entries: Sequence[Entry], baselines: dict[str, Any], *, refere
         lines += ["", f"**Validation {trend} at the end of the schedule** (a new best in the last quarter of the "
                       "evaluations, rounded up: the last 1 of 2 to 4, 2 of 5 to 8, 3 of 9 to 12; beyond every "
                       "earlier one; the mean gain over the earlier best shown): " + "; ".join(rising)
-                      + ". The comparison holds for this budget only; a longer schedule may change it."]
+                      + ". The comparison holds for this budget only; a longer schedule may change it"
+                      + (f" (its differences are read as a verdict because the {reference} is above every trivial "
+                         f"baseline, best {base[1]} {s * base[0]:.{k}f}: a schedule still improving gives a verdict "
+                         "only then, else *no fair verdict*)." if why is None and base is not None else ".")]
     edges = [f"{label} ({edge})" for label, o in outcomes.items() if o is not None and (edge := at_grid_edge(o))]
     if edges:
         lines += ["", "**Chosen at the edge of the grid** (the best value may lie outside it; a grid is widened "

@@ -209,7 +209,10 @@ def first_round(dataset: str, model: str) -> dict | None:
     read = lambda path: json.loads(path.read_text())  # noqa: E731
     sweep_run = read(store / "points" / folders[0].name / "seed_0.json")
     fresh = {int(f.stem.removeprefix("seed_")): read(f) for f in sorted(folders[0].glob("seed_*.json"))}
+    rates = sorted(float(p.name.split("=", 1)[1]) for p in (store / "points").glob("optim.lr=*") if p.is_dir())
+    chosen = float(folders[0].name.split("=", 1)[1])
     return {"chosen": folders[0].name.split("=", 1)[1], "episodes": sweep_run.get("val_examples"),
+            "edge": len(rates) > 2 and chosen in (rates[0], rates[-1]),
             "sweep_run": float(sweep_run["test_score"]), "fresh": {s: float(r["test_score"]) for s, r in fresh.items()}}
 
 
@@ -232,19 +235,28 @@ def round_comparison_lines() -> list[str]:
                 f"{o.chosen['optim.lr']:g}{edge}" if o.chosen else "not chosen yet",
                 f"{value_cell(o.test, 1)} (n={len(o.test)})" if o.test else "–")
             first_behaviour = f"{behaviour[d]:.1f}" if d in behaviour else "–"
-            rows.append(f"| {d} | {label} | {first_behaviour} | {old['chosen']} | {old['sweep_run']:.1f} | "
+            first_lr = old["chosen"] + (" (at the grid's edge)" if old["edge"] else "")
+            rows.append(f"| {d} | {label} | {first_behaviour} | {first_lr} | {old['sweep_run']:.1f} | "
                         f"{value_cell([old['sweep_run'], *fresh], 1)} (n={1 + len(fresh)}) | "
                         f"{value_cell(fresh, 1)} (n={len(fresh)}) | {second[0]} | {second[1]} |")
     if not rows:
         return []
+    second = tuned.collected_behaviour()
+    shared = [d for d in tuned.RL_DATASETS if d in behaviour and d in second]
+    if shared and all(second[d] == behaviour[d] for d in shared):  # the same episodes give the same float
+        data = ("Both rounds trained on the same collection here (the behaviour scores of their cards agree to every "
+                "digit), so the rows compare the selection alone.")
+    else:
+        data = ("The rounds did not all train on the same collection (their cards' behaviour scores differ)" if shared
+                else "The second round's collection is not recorded yet") + \
+            ", so read each against its own behaviour baseline (the second round's: its sections above)."
     return ["## Old vs new selection", "",
             f"The first tuned round chose each model's rate on {tuned.RL_FIRST_ROUND_EPISODES} validation episodes of the "
             "sweep's seed-0 run and reused that run as a final seed beside seeds 1 and 2: the run that won the selection "
             "also counted in the result. The second round (the tuned sections above) evaluates on "
             f"{tuned.RL_EVAL_EPISODES} validation and {tuned.RL_EVAL_EPISODES} test episodes (env seeds 10000+ and 20000+, "
             "disjoint), sweeps again on that, and trains fresh final seeds 1, 2, 3. Val-selected test score "
-            "(D4RL-normalised), mean ± sample std. The rounds need not share their data (see the collection cards), "
-            "so read each against its own behaviour baseline (the second round's: its sections above).", "",
+            f"(D4RL-normalised), mean ± sample std. {data}", "",
             "| dataset | model | first round: behaviour | first round: lr | the sweep's seed-0 run | first round as reported "
             "(seeds 0, 1, 2) | without the reused run (seeds 1, 2) | second round: lr | second round (fresh seeds) |",
             "|---|---|---|---|---|---|---|---|---|", *rows, ""]

@@ -59,6 +59,12 @@ class System:
     parts: list[str] = field(default_factory=list)
     #: the initialisation of the tuned runs, as the source column names it
     init: str = "authors' init"
+    #: whether the earlier runs already had that initialisation (else they are the previous init's)
+    earlier_same_init: bool = False
+    #: what the source column adds after the tuned values' protocol (e.g. which datasets they average)
+    tuned_note: Callable[[], str] | None = None
+    #: a row shown only while it has tuned values (no earlier runs of its own)
+    only_tuned: bool = False
     #: the same comparison on a longer schedule (or more data), and what it changes: it fills the row once
     #: complete; until then the row says how far it is
     longer: str | None = None
@@ -124,20 +130,26 @@ SYSTEMS = [
            {label: [RESULTS / "vision_runs" / f"fmnist_{kind}"] for kind, label in
             (("vit", "Transformer"), ("primalformer", "PrimalFormer"), ("primal+", "Primal.+Trans."))},
            "vision/fmnist", {}, "Fashion-MNIST ViT stand-in (paper: ImageNet DeiT-S)", "vision/fmnist_vit",
-           "vision_fmnist.json", **_longer("vision/fmnist-30ep", "30 epochs")),
+           "vision_fmnist.json", earlier_same_init=True, **_longer("vision/fmnist-30ep", "30 epochs")),
     System("Causal LM", "lm.md", "ppl", False,
            {label: [RESULTS / "lm_runs" / f"corpora_{kind}"] for kind, label in
             (("transformer", "Transformer"), ("primalformer", "PrimalFormer"), ("primal+", "Primal.+Trans."))},
            "lm/corpora" if "lm/corpora" in tuned.COMPARISONS else None, {},
            "Shakespeare / Milton / Bible stand-in (paper: WikiText-103)", "lm/corpora_transformer",
            "lm_corpora.json", init="init unchanged (its departures from the authors' in docs/method.md §8)",
+           earlier_same_init=True,
            **_longer("lm/corpora-4x", "4× the steps from every model's two best rates")),
     System("Offline RL (9-dataset mean)", "rl.md", "score", True,
            {"Transformer": [RESULTS / "rl_runs" / f"{d}_dt" for d in RL_DATASETS],
             "Primal.+Trans.": [RESULTS / "rl_runs" / f"{d}_primal+" for d in RL_DATASETS]},
            None, {}, "SAC-collected MuJoCo datasets (paper: D4RL)", None, "rl_behaviour.json",
-           lambda: _renamed(tuned.rl_average(), {"DT": "Transformer", "Primal.+DT": "Primal.+Trans."}),
+           lambda: _renamed(tuned.rl_average(), _RL_NAMES),
            lambda: _rl_collected_baseline(), [f"rl/{d}" for d in RL_DATASETS]),
+    System("Offline RL (tuned datasets so far)", "rl.md", "score", True, {}, None, {},
+           "SAC-collected MuJoCo datasets (paper: D4RL), those whose tuned comparison is complete", None, None,
+           lambda: _renamed(tuned.rl_average(ds), _RL_NAMES) if (ds := _rl_complete()) else None,
+           lambda: _rl_collected_baseline(ds) if (ds := _rl_complete()) else None,
+           tuned_note=lambda: f"; the mean over {', '.join(_rl_complete())}, per seed", only_tuned=True),
 ]
 #: the paper's claim per system, as a phrase (docs/method.md §5).
 CLAIMS = {
@@ -152,6 +164,7 @@ CLAIMS = {
     "Vision": "Primal.+DeiT 79.8 vs DeiT 79.8 (parity)",
     "Causal LM": "Primal.+Trans. ppl 31.0 vs 33.0 (better)",
     "Offline RL (9-dataset mean)": "Primal.+DT 77.5 vs DT 72.2 (better)",
+    "Offline RL (tuned datasets so far)": "– (the paper's figure is the 9-dataset mean above)",
 }
 #: the direction each claim gives a primal model against the Transformer (None: the paper has no such row);
 #: "not worse" where the paper reports only the LRA average (text, retrieval).
@@ -168,15 +181,26 @@ CLAIMED = {
 }
 
 
-def _rl_collected_baseline() -> tuple[str, float] | None:
-    """The best trivial baseline of the RL datasets' mean: the behaviour policy (from the cards of the data the
-    tuned runs used; None until every dataset's is recorded) or, once stored for every dataset, the linear
-    policy, whichever averages higher."""
+_RL_NAMES = {"DT": "Transformer", "Primal.+DT": "Primal.+Trans."}
+
+
+def _rl_complete() -> list[str]:
+    """The RL datasets whose tuned comparison is complete, while some are not (all complete: [], the
+    9-dataset row then has them)."""
+    done = [d for d in RL_DATASETS if tuned.progress(f"rl/{d}") == "complete"]
+    return done if len(done) < len(RL_DATASETS) else []
+
+
+def _rl_collected_baseline(datasets: list[str] | None = None) -> tuple[str, float] | None:
+    """The best trivial baseline of the mean over ``datasets`` (default all nine): the behaviour policy (from
+    the cards of the data the tuned runs used; None until every one's is recorded) or, once stored for every
+    one, the linear policy, whichever averages higher."""
+    datasets = RL_DATASETS if datasets is None else datasets
     scores = tuned.collected_behaviour()
-    if not all(d in scores for d in RL_DATASETS):
+    if not all(d in scores for d in datasets):
         return None
-    best = ("behaviour", statistics.mean(scores[d] for d in RL_DATASETS))
-    linear = [tuned.rl_linear_baseline(f"rl/{d}", compute=False) for d in RL_DATASETS]
+    best = ("behaviour", statistics.mean(scores[d] for d in datasets))
+    linear = [tuned.rl_linear_baseline(f"rl/{d}", compute=False) for d in datasets]
     if all(linear):
         best = max(best, ("linear", statistics.mean(row["test_score"][0] for row in linear)), key=lambda b: b[1])
     return f"{best[0]} {best[1]:.1f}", best[1]
@@ -234,23 +258,29 @@ def _cached(system: System) -> bool:
 
 def _values(system: System) -> tuple[dict[str, list[float]], str, bool]:
     """Per-model values (in display units) and which protocol they come from."""
-    scale = 100.0 if system.metric == "acc" else 1.0
     values = system.tuned_values() if system.tuned_values else None
     if values:
-        return values, f"{TUNED}, {system.init}", True
-    if _comparison(system):
-        outs = {e.label: outcome(e) for e in tuned.entries(_comparison(system))}
-        ready = [o for o in outs.values() if o is not None and len(o.test) >= 2]
-        if len(ready) == len(outs):
-            # an LM sweep selects and stores the loss (nats per token); the page's metric is its exp, perplexity
-            convert = math.exp if system.metric == "ppl" and ready[0].metric == "loss" else (lambda v: scale * v)
-            rising = [f"{label} {k}/{n}" for label, o in outs.items() for k, n in [still_improving(o)] if k]
-            note = f"; validation still improving at the schedule's end (seeds): {', '.join(rising)}" if rising else ""
-            edges = [f"{label} ({edge})" for label, o in outs.items() if (edge := at_grid_edge(o))]
-            note += f"; chosen at the grid's edge: {', '.join(edges)}" if edges else ""
-            return ({label: [convert(v) for v in o.test] for label, o in outs.items()},
-                    f"{TUNED}, {system.init}{note}{_longer_note(system)}", True)
+        return values, f"{TUNED}, {system.init}" + (system.tuned_note() if system.tuned_note else ""), True
+    if _comparison(system) and (found := _comparison_values(system, _comparison(system))):
+        values, outs = found
+        rising = [f"{label} {k}/{n}" for label, o in outs.items() for k, n in [still_improving(o)] if k]
+        note = f"; validation still improving at the schedule's end (seeds): {', '.join(rising)}" if rising else ""
+        edges = [f"{label} ({edge})" for label, o in outs.items() if (edge := at_grid_edge(o))]
+        note += f"; chosen at the grid's edge: {', '.join(edges)}" if edges else ""
+        return values, f"{TUNED}, {system.init}{note}{_longer_note(system)}", True
     return _earlier(system), EARLIER + _parts_note(system) + _longer_note(system), False
+
+
+def _comparison_values(system: System, comparison: str) -> tuple[dict[str, list[float]], dict] | None:
+    """(per-model values in display units, the outcomes) of ``comparison`` once every model has two final seeds."""
+    outs = {e.label: outcome(e) for e in tuned.entries(comparison)}
+    ready = [o for o in outs.values() if o is not None and len(o.test) >= 2]
+    if len(ready) != len(outs):
+        return None
+    # an LM sweep selects and stores the loss (nats per token); the page's metric is its exp, perplexity
+    scale = 100.0 if system.metric == "acc" else 1.0
+    convert = math.exp if system.metric == "ppl" and ready[0].metric == "loss" else (lambda v: scale * v)
+    return {label: [convert(v) for v in o.test] for label, o in outs.items()}, outs
 
 
 def _parts_note(system: System) -> str:
@@ -276,9 +306,9 @@ def _earlier(system: System) -> dict[str, list[float]]:
 
 
 def _clears(values: list[float], best_baseline: float | None, maximize: bool) -> bool:
-    """Whether the mean is beyond the best trivial baseline by more than one sample std (no baseline, or
-    fewer than two seeds: nothing to flag)."""
-    return best_baseline is None or len(values) < 2 or clears_baseline(values, best_baseline, maximize)
+    """Whether the mean is beyond the best trivial baseline by more than one sample std (a single seed: its
+    value beyond it; no baseline or no seed: nothing to flag)."""
+    return best_baseline is None or not values or clears_baseline(values, best_baseline, maximize)
 
 
 def _verdict(values: list[float], ref: list[float], best_baseline: float | None, maximize: bool,
@@ -289,7 +319,8 @@ def _verdict(values: list[float], ref: list[float], best_baseline: float | None,
     if len(values) < 2 or len(ref) < 2:
         return "–", "too few seeds"
     d = welch_difference(values, ref, maximize=maximize)
-    why = f"no fair verdict: {pending}" if pending else no_verdict(all_values, "Transformer", best_baseline, maximize)
+    why = f"no fair verdict: {pending}" if pending else "no verdict: trivial baselines not computed yet" \
+        if best_baseline is None else no_verdict(all_values, "Transformer", best_baseline, maximize)
     if why is not None:  # the comparison says nothing about attention: the interval without better / worse
         return d.cell(digits=digits, directed=False), why
     return d.cell(digits=digits), verdict_against_claim(d.verdict, claimed)
@@ -305,12 +336,18 @@ def _changes(system: System, tuned_values: dict[str, list[float]], earlier: dict
     """One line per model: earlier → tuned value, and for the primal models earlier → tuned verdict."""
     digits = 1 if system.metric != "ppl" else 2
     pending = _pending(system)
+    # a row filled by its longer comparison: the tuned value on the earlier schedule comes between the two
+    found = _comparison_values(system, system.tuned) if system.longer and _comparison(system) == system.longer else None
+    same_schedule = found[0] if found else {}
     out = []
     for label in ("Transformer", *MODELS):
         if label not in tuned_values:
             continue
         before, after = earlier.get(label, []), tuned_values[label]
-        line = f"- {system.name}, {label}: {value_cell(before, digits) if before else '–'} → {value_cell(after, digits)}"
+        middle = (f"{value_cell(same_schedule[label], digits)} (tuned, same schedule) → " if label in same_schedule
+                  else "")
+        line = (f"- {system.name}, {label}: {value_cell(before, digits) if before else '–'} → {middle}"
+                f"{value_cell(after, digits)}" + (f" ({system.longer_what})" if middle else ""))
         if label != "Transformer":
             claimed = CLAIMED.get(system.name, {}).get(label)
             was_d, was = _verdict(before, earlier.get("Transformer", []), earlier_base, system.maximize, earlier, claimed,
@@ -344,8 +381,11 @@ def write_page(compute: bool) -> None:
         "*no signal on this budget* (no model clearly above the best trivial baseline, so the comparison says",
         "nothing about attention); then *no fair verdict* (the Transformer itself is not above a trivial baseline: it",
         "was starved, not beaten). In those cases the Δ column gives the interval without a direction (*excludes",
-        "0*), since it is no verdict.",
-        "⚠ marks a model whose mean is not above the best trivial baseline by more than one std.",
+        "0*), since it is no verdict. A schedule whose validation curves still rise at its end (the source column",
+        "says in how many seeds) gives a verdict only where the Transformer is above every trivial baseline, and",
+        "that verdict holds for the budget, not for converged models. A row whose trivial baselines are not computed",
+        "gives no verdict either (`--baselines` computes them).",
+        "⚠ marks a model whose mean is not above the best trivial baseline by more than one std (a single seed: not above it).",
         "Where a system's tuned comparison (each model's learning rate swept on the same budget and selected on",
         "validation, the authors' init where the source column says so; `scripts/sweep_comparisons.py`) is not",
         "finished, the earlier runs are shown and",
@@ -359,11 +399,13 @@ def write_page(compute: bool) -> None:
     changed: list[str] = []
     for system in SYSTEMS:
         values, source, is_tuned = _values(system)
+        if system.only_tuned and not is_tuned:
+            continue
         base_text, base = _baseline(system, compute)
         earlier_base = base  # the earlier runs' data
         if is_tuned and system.tuned_baseline and (own := system.tuned_baseline()):
             base_text, base = own
-        if is_tuned:
+        if is_tuned and system.old:
             changed += _changes(system, values, _earlier(system), base, earlier_base)
         elif system.parts:  # the earlier runs' collections are not the re-collected data a linear policy is fit on
             linear = sum(tuned.rl_linear_baseline(c, compute=False) is not None for c in system.parts)
@@ -382,12 +424,14 @@ def write_page(compute: bool) -> None:
             lines.append(f"| | | | | {label} | {_cell(values[label], digits, base, system.maximize)} | {diff} | | "
                          f"{word} | |")
     lines += ["", "Metrics: accuracy % (LRA, UEA, vision), test perplexity per BPE token (LM, lower is better), "
-                  "D4RL-normalised score (RL, 9-dataset mean per seed).", ""]
+                  "D4RL-normalised score (RL, the mean per seed over the 9 datasets, or over those named).", ""]
     if changed:
+        same = [system.name for system in SYSTEMS if system.earlier_same_init]
         lines += ["## What the tuned protocol changed", "",
-                  "Each system shown above from its tuned comparison, against its earlier runs (shared lr, previous init)",
-                  "on the same data (schedules on each page): every model's value and every primal model's verdict,",
-                  "earlier → tuned.", "",
+                  "Each system shown above from its tuned comparison, against its earlier runs on the same data (one",
+                  "shared lr; the previous init" + (f", except {' and '.join(same)}, whose init is unchanged" if same else "")
+                  + "; schedules on each page): every model's value and every primal model's verdict, earlier → tuned;",
+                  "where a longer schedule fills the row, the tuned value on the earlier schedule comes between.", "",
                   *changed, ""]
     PAGE.write_text("\n".join(lines) + "\n")
     print(f"wrote {PAGE}")

@@ -129,11 +129,11 @@ def entries(comparison: str) -> list[Entry]:
     return out
 
 
-def rl_average() -> dict[str, list[float]] | None:
+def rl_average(datasets: list[str] | None = None) -> dict[str, list[float]] | None:
     """Per model (DT, Primal.+DT), the val-selected test score of each final seed averaged over the RL
-    datasets (the paper's summary figure); None until every dataset's final seeds are stored."""
+    datasets (default all: the paper's summary figure); None until every one's final seeds are stored."""
     per_model: dict[str, list[list[float]]] = {}
-    for d in RL_DATASETS:
+    for d in RL_DATASETS if datasets is None else datasets:
         for e in entries(f"rl/{d}"):
             o = outcome(e)
             if o is None or len(o.test) != len(FINAL_SEEDS):
@@ -323,32 +323,73 @@ def schedule_scale(comparison: str, record: dict) -> float:
 
 
 def remaining(comparison: str) -> tuple[int, float | None, str]:
-    """Runs left in ``comparison`` (grid points and final seeds, on the grid as it stands: a widened grid adds
-    more), the one-core hours they take at the median time of its runs so far (else of the earlier runs of
-    the same configs, else None), and where that time per run comes from."""
-    runs, times, source = 0, [], "its runs so far"
+    """Runs left in ``comparison`` (grid points and final seeds, on the grid as it stands plus the widening a
+    finished model's edge choice makes certain, :func:`certain_widening`; a later widening adds more), the
+    one-core hours they take at the median time of its runs so far (else of its shorter comparison's, scaled;
+    else of the earlier runs of the same configs, scaled to this schedule and by how much longer the runs of
+    the same family's comparisons under the same overrides took than their own earlier runs; else None), and where that time
+    per run comes from."""
+    runs, times, source = certain_widening(comparison) * len(COMPARISONS[comparison]), [], "its runs so far"
     for sweep in sweeps_of(comparison):
         done = sweep.results()
         runs += len(sweep.points) - len(done) + len(sweep.final_seeds) - len(sweep.finals())
-        times += [float(p.metrics["wall_time_s"]) for p in done if p.metrics.get("wall_time_s")]
+        times += _run_times(sweep)
     if not times and comparison in LONGER:  # the short comparison's runs, scaled to this schedule
         short, scale = LONGER[comparison]
-        times = [scale * float(p.metrics["wall_time_s"]) for sweep in sweeps_of(short) for p in sweep.results()
-                 if p.metrics.get("wall_time_s")]
+        times = [scale * t for sweep in sweeps_of(short) for t in _run_times(sweep)]
         source = f"the runs of {short}, times {scale:g} (this schedule's length)"
     if not times:  # the earlier runs of the same configs, where a page keeps them, scaled to this schedule
-        scales = []
-        for config in COMPARISONS[comparison]:
-            folder = STORE.parent / f"{config.split('/')[0]}_runs" / config.split("/")[-1]
-            files = [*folder.glob("seed_*.json"), *folder.glob("holdout/seed_*.json")]
-            for r in (json.loads(f.read_text()) for f in files):
-                if r.get("wall_time_s"):
-                    scales.append(schedule_scale(comparison, r))
-                    times.append(scales[-1] * float(r["wall_time_s"]))
+        times, scales = _earlier_times(comparison)
         source = "the earlier runs of the same configs" + (
             " (their own schedule)" if set(scales) <= {1.0} else ", scaled to this schedule's length")
+        ratios = {}
+        family = comparison.split("/")[0]
+        for other in COMPARISONS:  # the family's comparisons under the same overrides: their runs against their earlier ones
+            if other != comparison and other.split("/")[0] == family and OVERRIDES.get(other) \
+                    and OVERRIDES.get(other) == OVERRIDES.get(comparison):
+                own = [t for sweep in sweeps_of(other) for t in _run_times(sweep)]
+                before = _earlier_times(other)[0]
+                if own and before:
+                    ratios[other] = statistics.median(own) / statistics.median(before)
+        if times and ratios:
+            ratio = statistics.median(ratios.values())
+            times = [ratio * t for t in times]
+            source += (f", times {ratio:.2f} (the median ratio of the runs of {', '.join(sorted(ratios))} to their "
+                       "earlier runs)")
     hours = runs * statistics.median(times) / 3600 if times and runs else (0.0 if not runs else None)
     return runs, hours, source
+
+
+def certain_widening(comparison: str) -> int:
+    """Grid points per model that ``comparison``'s grid as it stands is certain to gain: one a side where a model
+    whose sweep of it is complete chose that edge (the grid widens once every model's sweep is complete;
+    0 once all are, :func:`grid_for` having widened what it will)."""
+    grid = grid_for(comparison)
+    lrs = grid["optim.lr"]
+    chosen = [base_sweep(config, comparison, grid).chosen() for config in COMPARISONS[comparison]]
+    if all(c is not None for c in chosen):
+        return 0
+    picked = {c.point["optim.lr"] for c in chosen if c is not None}
+    return (lrs[0] in picked) + (lrs[-1] in picked)
+
+
+def _run_times(sweep: Sweep) -> list[float]:
+    """Wall times (s) of ``sweep``'s finished grid points."""
+    return [float(p.metrics["wall_time_s"]) for p in sweep.results() if p.metrics.get("wall_time_s")]
+
+
+def _earlier_times(comparison: str) -> tuple[list[float], list[float]]:
+    """(wall times scaled to ``comparison``'s schedule, the scales) of the earlier runs of its configs that a
+    page keeps (``docs/results/<family>_runs/<config>``)."""
+    times, scales = [], []
+    for config in COMPARISONS[comparison]:
+        folder = STORE.parent / f"{config.split('/')[0]}_runs" / config.split("/")[-1]
+        files = [*folder.glob("seed_*.json"), *folder.glob("holdout/seed_*.json")]
+        for r in (json.loads(f.read_text()) for f in files):
+            if r.get("wall_time_s"):
+                scales.append(schedule_scale(comparison, r))
+                times.append(scales[-1] * float(r["wall_time_s"]))
+    return times, scales
 
 
 def not_rerun_note(names: dict[str, str]) -> list[str]:
@@ -365,6 +406,8 @@ def not_rerun_note(names: dict[str, str]) -> list[str]:
             continue
         runs, hours, source = remaining(comparison)
         cost = "time per run unknown" if hours is None else f"≈ {hours:.1f} CPU h at the median time per run of {source}"
+        if (wider := certain_widening(comparison)):
+            cost += f"; counting the {wider} rate{'s' if wider > 1 else ''} per model that a choice at the grid's edge adds"
         waiting = waiting_for(comparison)
         left.append(f"{label} ({state}; {runs} runs left, {cost}" + (f"; first: {waiting}" if waiting else "") + ")")
     if not left:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -34,7 +34,7 @@ from primal_attention.train.data import build_splits
 from primal_attention.train.families import get_family
 
 __all__ = ["trivial_baselines", "majority_class", "first_token_lookup", "ngram_lm", "position_blind_features",
-           "fit_mlp", "lm_baselines", "raw_features", "fit_linear"]
+           "fit_mlp", "lm_baselines", "raw_features", "fit_linear", "select_widened", "grid_text"]
 
 
 def majority_class(train_y: Tensor, *ys: Tensor) -> list[float]:
@@ -143,17 +143,44 @@ def raw_features(splits: list[Any]) -> tuple[list[Tensor], str]:
         "the flattened series, zero-padded past its end"
 
 
+def select_widened(grid: tuple[float, ...], score: Callable[[float], tuple[float, Any]], *, factor: float = 10.0,
+                   max_widen: int = 6) -> tuple[float, float, Any, list[float]]:
+    """The value of ``grid`` whose ``score(value) -> (validation score, payload)`` is highest (ties: the larger
+    value), the grid widened by ``factor`` beyond an edge (at most ``max_widen`` times a side) while the choice
+    lies there, so no baseline's regularisation is chosen at the edge of what was tried. Returns (value, its
+    validation score, its payload, the sorted values tried); the caller states the values tried (:func:`grid_text`).
+    """
+    scored: dict[float, tuple[float, Any]] = {}
+    widened = 0
+    while True:
+        for value in sorted(set(grid) - set(scored), reverse=True):
+            scored[value] = score(value)
+        tried = sorted(scored)
+        best = max(tried, key=lambda v: (scored[v][0], v))
+        if widened >= max_widen or best not in (tried[0], tried[-1]) or len(tried) < 2:
+            return best, scored[best][0], scored[best][1], tried
+        grid = (float(f"{best * factor if best == tried[-1] else best / factor:.6g}"),)  # 1e-6, not 1.0000000000000002e-06
+        widened += 1
+
+
+def grid_text(tried: list[float], chosen: float) -> str:
+    """``"{1e-06, …, 0.1}, here 0.01"``, and ``", at the edge of what was tried"`` where it remained there."""
+    edge = ", at the edge of what was tried" if len(tried) > 1 and chosen in (tried[0], tried[-1]) else ""
+    return "{" + ", ".join(f"{v:g}" for v in tried) + f"}}, here {chosen:g}{edge}"
+
+
 def fit_linear(train: tuple[Tensor, Tensor], val: tuple[Tensor, Tensor], test: tuple[Tensor, Tensor], num_classes: int,
                *, decays: tuple[float, ...] = (1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1), steps: int = 300, seed: int = 0
-               ) -> tuple[float, float, float]:
+               ) -> tuple[float, float, float, list[float]]:
     """Multinomial logistic regression on standardised features, full batch (L-BFGS), one fit per L2
-    weight decay; returns (val, test accuracy, decay) of the decay with the best validation accuracy
-    (ties: the larger decay). Test is scored once, for that decay."""
+    weight decay; returns (val, test accuracy, decay, the decays tried) of the decay with the best validation
+    accuracy (ties: the larger decay), ``decays`` widened tenfold past an edge while the choice lies there
+    (:func:`select_widened`). Test is scored once, for that decay."""
     (xt, yt), (xv, yv), (xs, ys) = train, val, test
     mean, std = xt.mean(0), xt.std(0).clamp_min(1e-6)
     xt, xv, xs = ((a - mean) / std for a in (xt, xv, xs))
-    best: tuple[float, float, nn.Module | None] = (-1.0, 0.0, None)
-    for decay in sorted(decays, reverse=True):
+
+    def fit(decay: float) -> tuple[float, nn.Module]:
         torch.manual_seed(seed)
         model = nn.Linear(xt.shape[1], num_classes)
         opt = torch.optim.LBFGS(model.parameters(), lr=1.0, max_iter=steps, history_size=20,
@@ -167,13 +194,12 @@ def fit_linear(train: tuple[Tensor, Tensor], val: tuple[Tensor, Tensor], test: t
 
         opt.step(closure)
         with torch.no_grad():
-            acc_v = float((model(xv).argmax(-1) == yv).float().mean())
-        if acc_v > best[0]:
-            best = (acc_v, decay, model)
-    acc_v, decay, model = best
+            return float((model(xv).argmax(-1) == yv).float().mean()), model
+
+    decay, acc_v, model, tried = select_widened(decays, fit)
     with torch.no_grad():
         acc_t = float((model(xs).argmax(-1) == ys).float().mean())
-    return acc_v, acc_t, decay
+    return acc_v, acc_t, decay, tried
 
 
 def fit_mlp(train: tuple[Tensor, Tensor], val: tuple[Tensor, Tensor], test: tuple[Tensor, Tensor], num_classes: int, *,
@@ -241,16 +267,10 @@ def lm_baselines(splits) -> dict[str, dict[str, Any]]:
 def ridge_fit(x: Tensor, y: Tensor, ridge: float) -> np.ndarray:
     """Weights (F + 1, O) of ``y (N, O) ≈ [x, 1] @ w`` for ``x (N, F)``, L2 penalty ``ridge`` on all but the
     bias row (the last), closed form in float64."""
-    return ridge_path(x, y, (ridge,))[0]
-
-
-def ridge_path(x: Tensor, y: Tensor, ridges: tuple[float, ...]) -> list[np.ndarray]:
-    """:func:`ridge_fit` for each of ``ridges`` (in that order), the Gram matrix ``[x, 1]ᵀ[x, 1]`` formed once."""
     xb = torch.cat([x.double(), torch.ones(len(x), 1, dtype=torch.float64)], 1)
-    gram, rhs = xb.T @ xb, xb.T @ y.double()
     penalty = torch.eye(xb.shape[1], dtype=torch.float64)
     penalty[-1, -1] = 0.0
-    return [torch.linalg.solve(gram + ridge * penalty, rhs).numpy() for ridge in ridges]
+    return torch.linalg.solve(xb.T @ xb + ridge * penalty, xb.T @ y.double()).numpy()
 
 
 def _affine_policy(w: np.ndarray):
@@ -261,20 +281,20 @@ def _affine_policy(w: np.ndarray):
 def linear_policy(train, val, test, *, ridges: tuple[float, ...] = (1e-2, 1.0, 1e2, 1e4)) -> dict[str, Any]:
     """Linear behaviour cloning: ridge regression of the dataset's actions on its normalised states (with a
     bias; no return conditioning), one closed-form fit per ridge; the ridge whose VALIDATION rollouts
-    score best (ties: the larger ridge) is rolled out once on TEST. ``train`` is the :class:`RLData`,
-    ``val`` and ``test`` its :class:`RolloutSet` s (the models' own env seeds and horizon)."""
+    score best (ties: the larger ridge; ``ridges`` widened a hundredfold past an edge while the choice lies
+    there) is rolled out once on TEST. ``train`` is the :class:`RLData`, ``val`` and ``test`` its
+    :class:`RolloutSet` s (the models' own env seeds and horizon)."""
     from primal_attention.train.rollout import policy_rollout
 
-    ridges = tuple(sorted(ridges, reverse=True))
-    best: tuple[float, float, np.ndarray] | None = None
-    for ridge, w in zip(ridges, ridge_path(train.states, train.actions, ridges)):
-        score = policy_rollout(_affine_policy(w), val)["score"]
-        if best is None or score > best[0]:
-            best = (score, ridge, w)
-    score_v, ridge, w = best
+    def fit(ridge: float) -> tuple[float, np.ndarray]:
+        w = ridge_fit(train.states, train.actions, ridge)
+        return policy_rollout(_affine_policy(w), val)["score"], w
+
+    ridge, score_v, w, tried = select_widened(ridges, fit, factor=100.0)
     test_score = policy_rollout(_affine_policy(w), test)["score"]
-    return {"what": f"linear behaviour cloning (ridge regression of actions on states; ridge {ridge:g} selected on "
-                    f"{val.episodes} validation rollouts)", "val_score": score_v, "test_score": test_score}
+    return {"what": f"linear behaviour cloning (ridge regression of actions on states; ridge selected on "
+                    f"{val.episodes} validation rollouts from {grid_text(tried, ridge)})",
+            "val_score": score_v, "test_score": test_score}
 
 
 def _predicted_stream(data) -> Tensor:
