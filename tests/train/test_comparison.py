@@ -75,6 +75,11 @@ def test_tuned_section_rows_choice_interval_and_baselines(tmp_path: Path) -> Non
     assert "read as a verdict because the Transformer is above every trivial baseline, best majority 50.0" in \
         "\n".join(fair)
     assert "read as a verdict" not in text
+    # a Transformer with one final seed is not known to clear the baseline: nothing is claimed for it
+    one = store(tmp_path, "Transformer1", {1e-4: 0.70, 1e-3: 0.80}, [0.60])
+    early = "\n".join(tuned_section([one, better], {"majority": {"what": "m", "test_acc": [0.5] * 3}},
+                                     reference="Transformer1"))
+    assert "still rising" in early and "read as a verdict" not in early
     # stds 1.0 a side, n = 3: Welch df = 4, t = 2.776, half-width 2.776 · sqrt(2/3) = 2.27
     assert "**Smallest detectable difference** (half the width of the 95 % interval" in text
     assert "PrimalFormer ±2.3." in text

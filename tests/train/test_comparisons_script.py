@@ -159,13 +159,15 @@ def test_rl_old_vs_new_rows_read_the_first_round_with_and_without_its_reused_swe
     assert len(rows) == 1
     cells = [c.strip() for c in rows[0].strip("|").split("|")]
     assert cells[2:7] == ["37.0", "0.01", "60.0", "40.3 ± 17.0 (n=3)", "30.5 ± 0.7 (n=2)"] and cells[7:] == ["–", "–"]
+    (first / "points" / "optim.lr=0.03").mkdir()  # a point never run does not count
     for lr in ("0.001", "0.003"):  # the first round's grid below 0.01: its choice was the largest rate
         (first / "points" / f"optim.lr={lr}").mkdir()
+        (first / "points" / f"optim.lr={lr}" / "seed_0.json").write_text(json.dumps({"test_score": 1.0}))
     assert page.first_round("hopper-medium", "dt")["edge"]
     assert "| 0.01 (at the grid's edge) |" in "".join(page.round_comparison_lines())
     assert tuned.entries("rl/hopper-medium")[0].store == tmp_path / f"hopper-medium_dt_ep{tuned.RL_EVAL_EPISODES}"
     # whether the rounds shared their data is read from the two collections' behaviour scores
-    assert "The second round's collection is not recorded yet" in "".join(page.round_comparison_lines())
+    assert "Not every dataset's second-round collection is recorded yet" in "".join(page.round_comparison_lines())
     tuned.COLLECTED_BEHAVIOUR.parent.mkdir(parents=True, exist_ok=True)
     tuned.COLLECTED_BEHAVIOUR.write_text(json.dumps({"hopper-medium": 37.0}))
     assert "Both rounds trained on the same collection here" in "".join(page.round_comparison_lines())
@@ -306,6 +308,12 @@ def test_an_estimate_counts_the_widening_an_edge_choice_makes_certain(tmp_path, 
                0.9 if lr == grid[1] else 0.7)  # an interior choice: only the Transformer's edge widens
     assert tuned.certain_widening("uea/JapaneseVowels") == 0
     assert tuned.remaining("uea/JapaneseVowels")[0] == 2 * (1 + finals)
+    # a side already widened MAX_WIDENINGS times gains nothing more, so the estimate counts nothing for it
+    monkeypatch.setattr(tuned, "MAX_WIDENINGS", 1)
+    top = tuned.grid_for("uea/JapaneseVowels")["optim.lr"][-1]
+    _store(tmp_path / "JapaneseVowels_transformer" / "points" / point_name({"optim.lr": top}) / "seed_0.json", 0.95)
+    assert tuned.grid_for("uea/JapaneseVowels")["optim.lr"][-1] == top  # the cap holds the grid
+    assert tuned.certain_widening("uea/JapaneseVowels") == 0
 
 
 def test_an_estimate_from_earlier_runs_takes_the_slowdown_of_comparisons_with_the_same_overrides(tmp_path, monkeypatch) -> None:

@@ -158,3 +158,29 @@ def test_no_verdict_is_read_before_the_trivial_baselines_are_computed(tmp_path, 
     ref, primal = [80.0, 80.5, 80.2], [86.8, 86.6, 87.0]
     cell, verdict = summary._verdict(primal, ref, None, True, {"Transformer": ref, "PrimalFormer": primal}, "parity")
     assert verdict == "no verdict: trivial baselines not computed yet" and cell.endswith("excludes 0")
+
+
+def test_the_rl_row_of_the_datasets_tuned_so_far_shows_only_while_some_but_not_all_are_complete(tmp_path, monkeypatch) -> None:
+    summary = _summary(monkeypatch, tmp_path)
+    row = next(s for s in summary.SYSTEMS if s.name == "Offline RL (tuned datasets so far)")
+    assert row.only_tuned and not row.old
+    done: set[str] = set()
+    monkeypatch.setattr(summary.tuned, "progress", lambda c: "complete" if c.removeprefix("rl/") in done else "not started")
+    averaged = []
+    monkeypatch.setattr(summary.tuned, "rl_average", lambda ds=None: averaged.append(ds) or {"DT": [1.0, 2.0]})
+    assert summary._rl_complete() == [] and row.tuned_values() is None  # nothing complete: no row
+    done.update(summary.RL_DATASETS[:2])
+    assert row.tuned_values() == {"Transformer": [1.0, 2.0]} and averaged[-1] == summary.RL_DATASETS[:2]
+    assert row.tuned_note() == f"; the mean over {', '.join(summary.RL_DATASETS[:2])}, per seed"
+    (tmp_path / "rl_collected_behaviour.json").write_text(json.dumps({d: 10.0 for d in summary.RL_DATASETS[:2]}))
+    linear = {f"rl/{d}": {"test_score": [12.0]} for d in summary.RL_DATASETS[:1]}
+    monkeypatch.setattr(summary.tuned, "rl_linear_baseline", lambda c, compute=True: linear.get(c))
+    assert row.tuned_baseline() == ("behaviour 10.0", 10.0)  # the linear policy of one of the two: not used
+    linear[f"rl/{summary.RL_DATASETS[1]}"] = {"test_score": [14.0]}
+    assert row.tuned_baseline() == ("linear 13.0", 13.0)
+    done.update(summary.RL_DATASETS)  # all nine: the 9-dataset row has them, this one goes
+    assert summary._rl_complete() == [] and row.tuned_values() is None
+    monkeypatch.setattr(summary, "PAGE", tmp_path / "README.md")
+    done.clear()
+    summary.write_page(False)
+    assert "Offline RL (tuned datasets so far)" not in (tmp_path / "README.md").read_text()

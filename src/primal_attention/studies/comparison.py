@@ -258,6 +258,8 @@ def tuned_section(entries: Sequence[Entry], baselines: dict[str, Any], *, refere
                       "direction: *excludes 0* where the interval does)."]
     rising = [f"{label} ({up}/{n} seeds{_late_gain_text(o)})" for label, o in outcomes.items() if o is not None
               for up, n in [still_improving(o)] if up]
+    reference_clears = base is not None and ref is not None and len(ref.test) >= 2 and \
+        clears_baseline(ref.test, base[0], maximize)
     if rising:
         trend = "still rising" if known[0].maximize else f"{metric} still falling"  # a loss improves downwards
         lines += ["", f"**Validation {trend} at the end of the schedule** (a new best in the last quarter of the "
@@ -266,7 +268,7 @@ def tuned_section(entries: Sequence[Entry], baselines: dict[str, Any], *, refere
                       + ". The comparison holds for this budget only; a longer schedule may change it"
                       + (f" (its differences are read as a verdict because the {reference} is above every trivial "
                          f"baseline, best {base[1]} {s * base[0]:.{k}f}: a schedule still improving gives a verdict "
-                         "only then, else *no fair verdict*)." if why is None and base is not None else ".")]
+                         "only then, else *no fair verdict*)." if why is None and reference_clears else ".")]
     edges = [f"{label} ({edge})" for label, o in outcomes.items() if o is not None and (edge := at_grid_edge(o))]
     if edges:
         lines += ["", "**Chosen at the edge of the grid** (the best value may lie outside it; a grid is widened "

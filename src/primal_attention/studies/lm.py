@@ -95,7 +95,7 @@ def tuned_note() -> list[str]:
     if ppl:
         note = [ppl, "",
                 "The earlier runs (**shared lr**: the configs' lr 1e-3 for every model, the same initialisation as now)",
-                "are in the last results section, *Previous runs*, with the data, model and schedule that every section uses.", ""]
+                "are in the section *Previous runs* below, with the data, model and schedule that every section uses.", ""]
     else:
         note = ["**Not rerun under the tuned protocol yet** (a per-model learning rate swept on validation, the same budget",
                 "for every model; `scripts/sweep_comparisons.py --only lm/corpora`): *Previous runs* below are the earlier runs,",

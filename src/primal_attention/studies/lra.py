@@ -133,17 +133,20 @@ def pct(fractions: list[float]) -> str:
     return value_cell([100 * v for v in fractions], 1)
 
 
+def _epochs(runs: list[dict]) -> str:
+    """``"1.8 epochs of 9 000 training images"`` from the first run's own record ("" where it lacks them)."""
+    r = runs[0]
+    if "epochs" not in r or "train_examples" not in r:
+        return ""
+    return f"{r['epochs']:.1f} epochs of {r['train_examples']:,} training images".replace(",", " ")
+
+
 def pathfinder_note() -> list[str]:
     """What the Pathfinder rows say, from the stored runs of the long schedule."""
-    def epochs(runs: list[dict]) -> str:
-        """``"1.8 epochs of 9 000 training images"`` from the runs' own records."""
-        r = runs[0]
-        return f"{r['epochs']:.1f} epochs of {r['train_examples']:,} training images".replace(",", " ")
-
     short = {name: rs for name in ("holdout", "authors'") if (rs := [
         r for m in ("transformer", "primalformer", "primal+") for r in stored(
             RUNS / f"pathfinder_{m}_cpu" / ("" if name == "holdout" else "authors_v1")) if r.get("train_examples")])}
-    length = "; ".join(f"{epochs(rs)} under the {name} protocol" for name, rs in short.items())
+    length = "; ".join(f"{_epochs(rs)} under the {name} protocol" for name, rs in short.items())
     base = ("**Pathfinder** stays at chance for every model on the grid's schedule (1000 steps of batch 16"
             + (f": {length}" if length else "") + "), so those rows say nothing about the models.")
     long = stored(RUNS / "pathfinder_primalformer_cpu_long")
@@ -153,7 +156,7 @@ def pathfinder_note() -> list[str]:
     # 55 %: 6 standard deviations above chance on 4000 validation images, out of reach of the best of 16
     # evaluations of a coin-flipping model.
     verdict = "leaves chance" if best >= 55 else "is still at chance"
-    return [base, f"On the long schedule (PrimalFormer, 8000 steps of batch 16, {epochs(long)}; n = {len(long)}) it {verdict}: best validation accuracy {best:.1f} % over its "
+    return [base, f"On the long schedule (PrimalFormer, 8000 steps of batch 16{', ' + e if (e := _epochs(long)) else ''}; n = {len(long)}) it {verdict}: best validation accuracy {best:.1f} % over its "
                   "16 evaluations, against the 55 % taken as leaving chance (learning curve below). The other two models were not run on it (CPU budget)."]
 
 

@@ -200,8 +200,9 @@ FIRST_ROUND_BEHAVIOUR = ROOT / "docs" / "results" / "baselines" / "rl_first_roun
 
 def first_round(dataset: str, model: str) -> dict | None:
     """The first tuned round of ``dataset`` for ``model`` (its store without the schedule's suffix), as the
-    audit read it: the chosen rate (the one final folder), the sweep's seed-0 run of that rate (which the
-    first round reused as a final seed) and the fresh final seeds run since; None where it has none."""
+    audit read it: the chosen rate (the one final folder), whether it is the smallest or largest rate of the
+    grid's finished points (``edge``), the sweep's seed-0 run of that rate (which the first round reused as a final
+    seed) and the fresh final seeds run since; None where it has none."""
     store = tuned.STORE / f"{dataset}_{model}"
     folders = sorted(p for p in (store / "final").glob("*") if p.is_dir()) if store.is_dir() else []
     if len(folders) != 1 or not (store / "points" / folders[0].name / "seed_0.json").is_file():
@@ -209,7 +210,8 @@ def first_round(dataset: str, model: str) -> dict | None:
     read = lambda path: json.loads(path.read_text())  # noqa: E731
     sweep_run = read(store / "points" / folders[0].name / "seed_0.json")
     fresh = {int(f.stem.removeprefix("seed_")): read(f) for f in sorted(folders[0].glob("seed_*.json"))}
-    rates = sorted(float(p.name.split("=", 1)[1]) for p in (store / "points").glob("optim.lr=*") if p.is_dir())
+    rates = sorted(float(p.name.split("=", 1)[1]) for p in (store / "points").glob("optim.lr=*")
+                   if (p / "seed_0.json").is_file())
     chosen = float(folders[0].name.split("=", 1)[1])
     return {"chosen": folders[0].name.split("=", 1)[1], "episodes": sweep_run.get("val_examples"),
             "edge": len(rates) > 2 and chosen in (rates[0], rates[-1]),
@@ -242,13 +244,15 @@ def round_comparison_lines() -> list[str]:
     if not rows:
         return []
     second = tuned.collected_behaviour()
-    shared = [d for d in tuned.RL_DATASETS if d in behaviour and d in second]
-    if shared and all(second[d] == behaviour[d] for d in shared):  # the same episodes give the same float
+    listed = {row.split(" | ")[0].removeprefix("| ") for row in rows}  # the datasets with a first round
+    shared = [d for d in listed if d in behaviour and d in second]
+    if len(shared) == len(listed) and all(second[d] == behaviour[d] for d in shared):  # same episodes, same float
         data = ("Both rounds trained on the same collection here (the behaviour scores of their cards agree to every "
                 "digit), so the rows compare the selection alone.")
     else:
-        data = ("The rounds did not all train on the same collection (their cards' behaviour scores differ)" if shared
-                else "The second round's collection is not recorded yet") + \
+        differ = [d for d in shared if second[d] != behaviour[d]]
+        data = ("The rounds did not all train on the same collection (their cards' behaviour scores differ)" if differ
+                else "Not every dataset's second-round collection is recorded yet") + \
             ", so read each against its own behaviour baseline (the second round's: its sections above)."
     return ["## Old vs new selection", "",
             f"The first tuned round chose each model's rate on {tuned.RL_FIRST_ROUND_EPISODES} validation episodes of the "

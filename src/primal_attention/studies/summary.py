@@ -26,7 +26,7 @@ from primal_attention.studies import sweeps as tuned
 from primal_attention.studies.paths import ROOT
 
 from primal_attention.studies.comparison import (
-    at_grid_edge, baselines_for, clears_baseline, no_verdict, outcome, still_improving, verdict_against_claim)
+    Outcome, at_grid_edge, baselines_for, clears_baseline, no_verdict, outcome, still_improving, verdict_against_claim)
 from primal_attention.train.stats import value_cell, welch_difference
 
 RESULTS = ROOT / "docs" / "results"
@@ -130,7 +130,8 @@ SYSTEMS = [
            {label: [RESULTS / "vision_runs" / f"fmnist_{kind}"] for kind, label in
             (("vit", "Transformer"), ("primalformer", "PrimalFormer"), ("primal+", "Primal.+Trans."))},
            "vision/fmnist", {}, "Fashion-MNIST ViT stand-in (paper: ImageNet DeiT-S)", "vision/fmnist_vit",
-           "vision_fmnist.json", earlier_same_init=True, **_longer("vision/fmnist-30ep", "30 epochs")),
+           "vision_fmnist.json", init="init unchanged (its departures from the authors' in docs/method.md §8)",
+           earlier_same_init=True, **_longer("vision/fmnist-30ep", "30 epochs")),
     System("Causal LM", "lm.md", "ppl", False,
            {label: [RESULTS / "lm_runs" / f"corpora_{kind}"] for kind, label in
             (("transformer", "Transformer"), ("primalformer", "PrimalFormer"), ("primal+", "Primal.+Trans."))},
@@ -268,10 +269,10 @@ def _values(system: System) -> tuple[dict[str, list[float]], str, bool]:
         edges = [f"{label} ({edge})" for label, o in outs.items() if (edge := at_grid_edge(o))]
         note += f"; chosen at the grid's edge: {', '.join(edges)}" if edges else ""
         return values, f"{TUNED}, {system.init}{note}{_longer_note(system)}", True
-    return _earlier(system), EARLIER + _parts_note(system) + _longer_note(system), False
+    return _earlier(system), earlier_label(system) + _parts_note(system) + _longer_note(system), False
 
 
-def _comparison_values(system: System, comparison: str) -> tuple[dict[str, list[float]], dict] | None:
+def _comparison_values(system: System, comparison: str) -> tuple[dict[str, list[float]], dict[str, Outcome]] | None:
     """(per-model values in display units, the outcomes) of ``comparison`` once every model has two final seeds."""
     outs = {e.label: outcome(e) for e in tuned.entries(comparison)}
     ready = [o for o in outs.values() if o is not None and len(o.test) >= 2]
@@ -296,6 +297,11 @@ def _parts_note(system: System) -> str:
 
 
 EARLIER = "earlier runs: shared lr, previous init"
+
+
+def earlier_label(system: System) -> str:
+    """How the source column names a row's earlier runs: one shared lr, and the previous init where it changed."""
+    return "earlier runs: shared lr, init unchanged" if system.earlier_same_init else EARLIER
 TUNED = "tuned lr (val-selected)"
 
 
@@ -319,8 +325,12 @@ def _verdict(values: list[float], ref: list[float], best_baseline: float | None,
     if len(values) < 2 or len(ref) < 2:
         return "–", "too few seeds"
     d = welch_difference(values, ref, maximize=maximize)
-    why = f"no fair verdict: {pending}" if pending else "no verdict: trivial baselines not computed yet" \
-        if best_baseline is None else no_verdict(all_values, "Transformer", best_baseline, maximize)
+    if pending:
+        why: str | None = f"no fair verdict: {pending}"
+    elif best_baseline is None:
+        why = "no verdict: trivial baselines not computed yet"
+    else:
+        why = no_verdict(all_values, "Transformer", best_baseline, maximize)
     if why is not None:  # the comparison says nothing about attention: the interval without better / worse
         return d.cell(digits=digits, directed=False), why
     return d.cell(digits=digits), verdict_against_claim(d.verdict, claimed)
@@ -397,6 +407,7 @@ def write_page(compute: bool) -> None:
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     changed: list[str] = []
+    same_init: list[str] = []  # the systems in ``changed`` whose earlier runs had the tuned runs' init
     for system in SYSTEMS:
         values, source, is_tuned = _values(system)
         if system.only_tuned and not is_tuned:
@@ -406,6 +417,7 @@ def write_page(compute: bool) -> None:
         if is_tuned and system.tuned_baseline and (own := system.tuned_baseline()):
             base_text, base = own
         if is_tuned and system.old:
+            same_init += [system.name] if system.earlier_same_init else []
             changed += _changes(system, values, _earlier(system), base, earlier_base)
         elif system.parts:  # the earlier runs' collections are not the re-collected data a linear policy is fit on
             linear = sum(tuned.rl_linear_baseline(c, compute=False) is not None for c in system.parts)
@@ -426,10 +438,10 @@ def write_page(compute: bool) -> None:
     lines += ["", "Metrics: accuracy % (LRA, UEA, vision), test perplexity per BPE token (LM, lower is better), "
                   "D4RL-normalised score (RL, the mean per seed over the 9 datasets, or over those named).", ""]
     if changed:
-        same = [system.name for system in SYSTEMS if system.earlier_same_init]
         lines += ["## What the tuned protocol changed", "",
                   "Each system shown above from its tuned comparison, against its earlier runs on the same data (one",
-                  "shared lr; the previous init" + (f", except {' and '.join(same)}, whose init is unchanged" if same else "")
+                  "shared lr; the previous init" + (f", except {' and '.join(same_init)}, whose init is unchanged"
+                                                    if same_init else "")
                   + "; schedules on each page): every model's value and every primal model's verdict, earlier → tuned;",
                   "where a longer schedule fills the row, the tuned value on the earlier schedule comes between.", "",
                   *changed, ""]

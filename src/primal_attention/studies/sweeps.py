@@ -342,22 +342,26 @@ def remaining(comparison: str) -> tuple[int, float | None, str]:
         times, scales = _earlier_times(comparison)
         source = "the earlier runs of the same configs" + (
             " (their own schedule)" if set(scales) <= {1.0} else ", scaled to this schedule's length")
-        ratios = {}
-        family = comparison.split("/")[0]
-        for other in COMPARISONS:  # the family's comparisons under the same overrides: their runs against their earlier ones
-            if other != comparison and other.split("/")[0] == family and OVERRIDES.get(other) \
-                    and OVERRIDES.get(other) == OVERRIDES.get(comparison):
-                own = [t for sweep in sweeps_of(other) for t in _run_times(sweep)]
-                before = _earlier_times(other)[0]
-                if own and before:
-                    ratios[other] = statistics.median(own) / statistics.median(before)
-        if times and ratios:
-            ratio = statistics.median(ratios.values())
+        if times and (slowdown := sibling_slowdown(comparison)):
+            ratio, siblings = slowdown
             times = [ratio * t for t in times]
-            source += (f", times {ratio:.2f} (the median ratio of the runs of {', '.join(sorted(ratios))} to their "
-                       "earlier runs)")
+            source += f", times {ratio:.2f} (the median ratio of the runs of {', '.join(siblings)} to their earlier runs)"
     hours = runs * statistics.median(times) / 3600 if times and runs else (0.0 if not runs else None)
     return runs, hours, source
+
+
+def sibling_slowdown(comparison: str) -> tuple[float, list[str]] | None:
+    """(median ratio, the comparisons it comes from) of the median run time to the median earlier-run time, over
+    the same family's other comparisons under the same overrides that have both; None where none has."""
+    family = comparison.split("/")[0]
+    ratios = {}
+    for other in COMPARISONS:
+        if other != comparison and other.split("/")[0] == family and OVERRIDES.get(other) == OVERRIDES.get(comparison):
+            own = [t for sweep in sweeps_of(other) for t in _run_times(sweep)]
+            before = _earlier_times(other)[0]
+            if own and before:
+                ratios[other] = statistics.median(own) / statistics.median(before)
+    return (statistics.median(ratios.values()), sorted(ratios)) if ratios else None
 
 
 def certain_widening(comparison: str) -> int:
@@ -365,12 +369,14 @@ def certain_widening(comparison: str) -> int:
     whose sweep of it is complete chose that edge (the grid widens once every model's sweep is complete;
     0 once all are, :func:`grid_for` having widened what it will)."""
     grid = grid_for(comparison)
-    lrs = grid["optim.lr"]
+    lrs, start = grid["optim.lr"], START_GRIDS.get(comparison, GRID)["optim.lr"]
     chosen = [base_sweep(config, comparison, grid).chosen() for config in COMPARISONS[comparison]]
     if all(c is not None for c in chosen):
         return 0
     picked = {c.point["optim.lr"] for c in chosen if c is not None}
-    return (lrs[0] in picked) + (lrs[-1] in picked)
+    low_left = sum(v < min(start) for v in lrs) < MAX_WIDENINGS  # a side widened MAX_WIDENINGS times stays
+    high_left = sum(v > max(start) for v in lrs) < MAX_WIDENINGS
+    return (lrs[0] in picked and low_left) + (lrs[-1] in picked and high_left)
 
 
 def _run_times(sweep: Sweep) -> list[float]:
