@@ -178,5 +178,5 @@ def test_rl_baselines_are_the_behaviour_policy_and_a_linear_policy_rolled_out(co
     assert proc.returncode == 0, proc.stderr
     rows = json.loads(proc.stdout)["seed_0"]
     assert set(rows) == {"behaviour", "linear"}
-    assert "selected on 2 validation rollouts" in rows["linear"]["what"]
+    assert "chosen on 2 validation rollouts" in rows["linear"]["what"] and rows["linear"]["choice"] in rows["linear"]["tried"]
     assert all(np.isfinite(rows["linear"][k]) for k in ("val_score", "test_score"))

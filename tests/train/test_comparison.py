@@ -107,10 +107,11 @@ def test_a_choice_at_the_edge_of_a_finished_grid_is_flagged(tmp_path: Path) -> N
     inner = store(tmp_path, "Transformer", {1e-4: 0.5, 1e-3: 0.8, 1e-2: 0.7}, [0.8], grid=grid)
     low = store(tmp_path, "Primal.+Trans.", {1e-4: 0.9, 1e-3: 0.8, 1e-2: 0.7}, [0.9], grid=grid)
     unfinished = store(tmp_path, "half", {1e-4: 0.9}, None, grid=grid)
-    two = store(tmp_path, "two", {1e-4: 0.9, 1e-3: 0.8}, [0.9])  # a two-value grid has no inside
+    two = store(tmp_path, "two", {1e-4: 0.9, 1e-3: 0.8}, [0.9])  # a two-value grid has no inside: always an edge
     assert at_grid_edge(outcome(top)) == "optim.lr 0.01, the largest"
     assert at_grid_edge(outcome(low)) == "optim.lr 0.0001, the smallest"
-    assert at_grid_edge(outcome(inner)) == at_grid_edge(outcome(unfinished)) == at_grid_edge(outcome(two)) == ""
+    assert at_grid_edge(outcome(inner)) == at_grid_edge(outcome(unfinished)) == ""
+    assert at_grid_edge(outcome(two)) == "optim.lr 0.0001, the smallest"
     lines = tuned_section([inner, top, low], {}, reference="Transformer")
     assert lines[-1].startswith("**Chosen at the edge of the grid**")
     assert "PrimalFormer (optim.lr 0.01, the largest); Primal.+Trans. (optim.lr 0.0001, the smallest)." in lines[-1]
@@ -124,11 +125,9 @@ def test_a_verdict_is_read_against_the_papers_claim() -> None:
     assert verdict_against_claim("worse", "worse") == "reproduced (worse)"  # the paper's PrimalFormer on Pathfinder
     assert verdict_against_claim("better", "parity") == "not reproduced (better; the paper: parity)"
     assert verdict_against_claim("within noise", "better") == "not reproduced (parity; the paper: better)"
-    assert verdict_against_claim("within noise", "not worse") == "reproduced (parity)"
-    assert verdict_against_claim("worse", "not worse") == "not reproduced (worse; the paper: not worse)"
+    with pytest.raises(ValueError):  # a claim is a direction read from the paper's two numbers, nothing vaguer
+        verdict_against_claim("within noise", "not worse")
     assert verdict_against_claim("better", None) == "better (no claim in the paper)"
-    import pytest
-
     with pytest.raises(ValueError, match="claimed must be one of"):
         verdict_against_claim("better", "much better")
 
@@ -193,3 +192,13 @@ def test_a_pending_longer_comparison_takes_the_direction_out_of_every_difference
     row = next(line for line in lines if line.startswith("| PrimalFormer"))
     assert row.split(" | ")[6].endswith("excludes 0")
     assert "**No verdict: curves rise; `x` not finished**" in "\n".join(lines)
+
+
+def test_a_baselines_description_says_what_each_seed_chose_and_which_stayed_at_an_edge() -> None:
+    from primal_attention.studies.comparison import baseline_what
+
+    assert baseline_what({"what": "majority"}) == "majority"
+    row = {"what": "linear", "choice": [1e-3, 0.1, 1e-3], "tried": [[1e-4, 1e-3, 1e-2], [1e-3, 1e-2, 0.1], [1e-4, 1e-3, 1e-2]]}
+    assert baseline_what(row) == "linear; chosen per seed: 0.001, 0.1, 0.001 (1 of 3 still at the edge of what was tried)"
+    row["tried"][1].append(1.0)
+    assert baseline_what(row) == "linear; chosen per seed: 0.001, 0.1, 0.001"

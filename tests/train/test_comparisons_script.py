@@ -294,6 +294,9 @@ def test_an_estimate_counts_the_widening_an_edge_choice_makes_certain(tmp_path, 
     finals = len(tuned.seeds_for("uea/JapaneseVowels"))
     grid = tuned.GRID["optim.lr"]
     assert tuned.certain_widening("uea/JapaneseVowels") == 0 and tuned.remaining("uea/JapaneseVowels")[0] == 2 * (4 + finals)
+    monkeypatch.setattr(tuned, "START_GRIDS", {"uea/JapaneseVowels": {"optim.lr": [1e-3, 3e-3]}})
+    assert tuned.certain_widening("uea/JapaneseVowels") == 1  # a two-rate grid widens whatever is chosen
+    monkeypatch.setattr(tuned, "START_GRIDS", {})
     # the Transformer's grid is done and chose its largest rate: every model's grid will gain one rate
     for lr in grid:
         _store(tmp_path / "JapaneseVowels_transformer" / "points" / point_name({"optim.lr": lr}) / "seed_0.json",
@@ -316,21 +319,41 @@ def test_an_estimate_counts_the_widening_an_edge_choice_makes_certain(tmp_path, 
     assert tuned.certain_widening("uea/JapaneseVowels") == 0
 
 
-def test_an_estimate_from_earlier_runs_takes_the_slowdown_of_comparisons_with_the_same_overrides(tmp_path, monkeypatch) -> None:
+def test_an_estimate_from_earlier_runs_takes_the_slowdown_of_the_familys_other_comparisons(tmp_path, monkeypatch) -> None:
     tuned = _script(monkeypatch, tmp_path)
     monkeypatch.setattr(tuned, "COMPARISONS", {"uea/JapaneseVowels": ["uea/JapaneseVowels_transformer"],
                                                "uea/BasicMotions": ["uea/BasicMotions_transformer"],
-                                               "uea/FSDD": ["uea/FSDD_transformer"]})
+                                               "uea/FSDD": ["uea/FSDD_transformer"], "vision/fmnist": ["vision/fmnist_vit"]})
     monkeypatch.setattr(tuned, "OVERRIDES", {"uea/JapaneseVowels": ["train.epochs=3"], "uea/BasicMotions": ["train.epochs=3"],
                                              "uea/FSDD": ["train.epochs=2"]})
     monkeypatch.setattr(tuned, "STORE", tmp_path / "store")
-    for config, wall in (("JapaneseVowels_transformer", 50.0), ("BasicMotions_transformer", 100.0), ("FSDD_transformer", 10.0)):
-        (tmp_path / "uea_runs" / config / "holdout").mkdir(parents=True)
-        (tmp_path / "uea_runs" / config / "holdout" / "seed_0.json").write_text(json.dumps({"wall_time_s": wall, "epochs": 3 if config[0] != "F" else 2}))
+    for family, config, wall in (("uea", "JapaneseVowels_transformer", 50.0), ("uea", "BasicMotions_transformer", 100.0),
+                                 ("uea", "FSDD_transformer", 10.0), ("vision", "fmnist_vit", 30.0)):
+        (tmp_path / f"{family}_runs" / config / "holdout").mkdir(parents=True)
+        (tmp_path / f"{family}_runs" / config / "holdout" / "seed_0.json").write_text(
+            json.dumps({"wall_time_s": wall, "epochs": 3 if config[0] != "F" else 2}))
     point = tmp_path / "store" / "JapaneseVowels_transformer" / "points" / point_name({"optim.lr": 1e-4}) / "seed_0.json"
     _store(point, 0.9)
     point.write_text(json.dumps({**json.loads(point.read_text()), "wall_time_s": 200.0}))  # 4x its earlier run
     runs, hours, source = tuned.remaining("uea/BasicMotions")
     assert hours == runs * 400.0 / 3600 and "times 4.00 (the median ratio of the runs of uea/JapaneseVowels" in source
-    runs, hours, source = tuned.remaining("uea/FSDD")  # other overrides: its earlier runs as they are
-    assert hours == runs * 10.0 / 3600 and "ratio" not in source
+    runs, hours, source = tuned.remaining("uea/FSDD")  # its own schedule, the same slowdown
+    assert hours == runs * 40.0 / 3600 and "times 4.00" in source
+    runs, hours, source = tuned.remaining("vision/fmnist")  # another family: its earlier runs as they are
+    assert hours == runs * 30.0 / 3600 and "ratio" not in source
+
+
+def test_an_estimate_takes_each_models_own_time_per_run(tmp_path, monkeypatch) -> None:
+    tuned = _script(monkeypatch, tmp_path)
+    models = ["uea/JapaneseVowels_transformer", "uea/JapaneseVowels_primalformer", "uea/JapaneseVowels_primal+"]
+    monkeypatch.setattr(tuned, "COMPARISONS", {"uea/JapaneseVowels": models})
+    monkeypatch.setattr(tuned, "OVERRIDES", {})
+    finals = len(tuned.seeds_for("uea/JapaneseVowels"))
+    for stem, wall in (("JapaneseVowels_transformer", 1000.0), ("JapaneseVowels_primalformer", 100.0)):
+        point = tmp_path / stem / "points" / point_name({"optim.lr": 1e-4}) / "seed_0.json"
+        _store(point, 0.9)
+        point.write_text(json.dumps({**json.loads(point.read_text()), "wall_time_s": wall}))
+    runs, hours, source = tuned.remaining("uea/JapaneseVowels")
+    left = 3 + finals  # each model: 3 grid points and the final seeds; the third model runs at the others' median
+    assert runs == 3 * left + 1 and source == "its runs so far"
+    assert hours == (left * 1000.0 + left * 100.0 + (left + 1) * 550.0) / 3600

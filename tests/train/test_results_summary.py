@@ -19,6 +19,7 @@ def _summary(monkeypatch, tmp: Path):
 
 def test_the_rl_baseline_of_the_tuned_average_needs_every_datasets_card(tmp_path, monkeypatch) -> None:
     summary = _summary(monkeypatch, tmp_path)
+    monkeypatch.setattr(summary.tuned, "rl_linear_baseline", lambda c, compute=True: None)  # none stored yet
     scores = {d: float(i) for i, d in enumerate(summary.RL_DATASETS)}  # 0 .. 8, mean 4
     (tmp_path / "rl_collected_behaviour.json").write_text(json.dumps({d: scores[d] for d in summary.RL_DATASETS[:-1]}))
     assert summary._rl_collected_baseline() is None  # one dataset not collected again yet
@@ -28,7 +29,8 @@ def test_the_rl_baseline_of_the_tuned_average_needs_every_datasets_card(tmp_path
     assert rl.tuned_baseline() == ("behaviour 4.0", 4.0)
     linear = {f"rl/{d}": {"test_score": [scores[d] + 2.0]} for d in summary.RL_DATASETS[:-1]}
     monkeypatch.setattr(summary.tuned, "rl_linear_baseline", lambda c, compute=True: linear.get(c))
-    assert summary._rl_collected_baseline() == ("behaviour 4.0", 4.0)  # the linear policy on 8 of 9: not used
+    # per dataset the better of the two: linear (+2) on 8 of 9, behaviour (8.0) on the last: (36 + 16) / 9
+    assert summary._rl_collected_baseline() == (f"best of behaviour / linear per dataset {52 / 9:.1f}", 52 / 9)
     linear[f"rl/{summary.RL_DATASETS[-1]}"] = {"test_score": [10.0]}  # mean (1+2+...+7 + 2*8 + 10) / 9 = 6.0
     assert summary._rl_collected_baseline() == ("linear 6.0", 6.0)
 
@@ -171,11 +173,12 @@ def test_the_rl_row_of_the_datasets_tuned_so_far_shows_only_while_some_but_not_a
     assert summary._rl_complete() == [] and row.tuned_values() is None  # nothing complete: no row
     done.update(summary.RL_DATASETS[:2])
     assert row.tuned_values() == {"Transformer": [1.0, 2.0]} and averaged[-1] == summary.RL_DATASETS[:2]
-    assert row.tuned_note() == f"; the mean over {', '.join(summary.RL_DATASETS[:2])}, per seed"
+    monkeypatch.setattr(summary, "_rl_rising", lambda ds: f"; {len(ds)} still improving")
+    assert row.tuned_note() == f"; the mean over {', '.join(summary.RL_DATASETS[:2])}, per seed; 2 still improving"
     (tmp_path / "rl_collected_behaviour.json").write_text(json.dumps({d: 10.0 for d in summary.RL_DATASETS[:2]}))
     linear = {f"rl/{d}": {"test_score": [12.0]} for d in summary.RL_DATASETS[:1]}
     monkeypatch.setattr(summary.tuned, "rl_linear_baseline", lambda c, compute=True: linear.get(c))
-    assert row.tuned_baseline() == ("behaviour 10.0", 10.0)  # the linear policy of one of the two: not used
+    assert row.tuned_baseline() == ("best of behaviour / linear per dataset 11.0", 11.0)  # (12 + 10) / 2
     linear[f"rl/{summary.RL_DATASETS[1]}"] = {"test_score": [14.0]}
     assert row.tuned_baseline() == ("linear 13.0", 13.0)
     done.update(summary.RL_DATASETS)  # all nine: the 9-dataset row has them, this one goes
@@ -184,3 +187,17 @@ def test_the_rl_row_of_the_datasets_tuned_so_far_shows_only_while_some_but_not_a
     done.clear()
     summary.write_page(False)
     assert "Offline RL (tuned datasets so far)" not in (tmp_path / "README.md").read_text()
+
+
+def test_the_rl_rows_source_counts_the_seeds_still_improving_per_dataset(tmp_path, monkeypatch) -> None:
+    from primal_attention.studies.comparison import Entry
+
+    summary = _summary(monkeypatch, tmp_path)
+    counts = {("a", "DT"): (3, 3), ("a", "Primal.+DT"): (0, 3), ("b", "DT"): (1, 3), ("b", "Primal.+DT"): (0, 3)}
+    monkeypatch.setattr(summary.tuned, "entries", lambda c: [Entry(m, Path(c), Path(c)) for m in ("DT", "Primal.+DT")])
+    monkeypatch.setattr(summary, "outcome", lambda e: e)
+    monkeypatch.setattr(summary, "still_improving", lambda e: counts[(str(e.config).removeprefix("rl/"), e.label)])
+    assert summary._rl_rising(["a", "b"]) == ("; validation still improving at the schedule's end (seeds, per dataset): "
+                                               "Transformer 3/3, 1/3; Primal.+Trans. 0/3, 0/3")
+    counts.update({k: (0, 3) for k in counts})
+    assert summary._rl_rising(["a", "b"]) == ""  # every curve flat: nothing to say

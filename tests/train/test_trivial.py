@@ -131,7 +131,8 @@ def test_baselines_cli_on_tiny_uea(tmp_path) -> None:
     for r in result.values():
         assert set(r) == {"majority", "linear", "position_blind"} and 0 <= r["majority"]["test_acc"] <= 1
         assert r["position_blind"]["test_acc"] > r["majority"]["test_acc"]  # channel statistics carry signal here
-        assert r["linear"]["test_acc"] > r["majority"]["test_acc"] and "weight decay selected on validation" in r["linear"]["what"]
+        assert r["linear"]["test_acc"] > r["majority"]["test_acc"] and "weight decay chosen on validation" in r["linear"]["what"]
+        assert r["linear"]["choice"] in r["linear"]["tried"]  # each seed's own choice, beside the shared description
     bad = subprocess.run([sys.executable, "-m", "primal_attention.cli", "baselines", str(CONFIG), "--set", "data.name=Nope"],
                          capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and bad.stderr.startswith("primal baselines: error:")

@@ -54,7 +54,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from primal_attention.provenance import shown_path
-from primal_attention.studies.comparison import clears_baseline
+from primal_attention.studies.comparison import baseline_what, clears_baseline
 from primal_attention.train.experiments import run_stored
 from primal_attention.train.stats import value_cell
 
@@ -152,7 +152,7 @@ class Task:
         path = ROOT / self.baselines if self.baselines else None
         if path is None or not path.is_file():
             return {}
-        return {name: {"what": b["what"], "test": b[f"test_{self.metric}"], "ppl": b.get("test_ppl")}
+        return {name: {"what": baseline_what(b), "test": b[f"test_{self.metric}"], "ppl": b.get("test_ppl")}
                 for name, b in json.loads(path.read_text())["baselines"].items() if b.get(f"test_{self.metric}")}
 
 

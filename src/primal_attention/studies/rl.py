@@ -248,7 +248,8 @@ def round_comparison_lines() -> list[str]:
     shared = [d for d in listed if d in behaviour and d in second]
     if len(shared) == len(listed) and all(second[d] == behaviour[d] for d in shared):  # same episodes, same float
         data = ("Both rounds trained on the same collection here (the behaviour scores of their cards agree to every "
-                "digit), so the rows compare the selection alone.")
+                f"digit), so the rows differ in the selection, the evaluation episodes ({tuned.RL_FIRST_ROUND_EPISODES} "
+                f"against {tuned.RL_EVAL_EPISODES}) and the final seeds, not in the data.")
     else:
         differ = [d for d in shared if second[d] != behaviour[d]]
         data = ("The rounds did not all train on the same collection (their cards' behaviour scores differ)" if differ
@@ -294,8 +295,9 @@ def write_page() -> None:
         "",
         *tuned_lines(),
         *round_comparison_lines(),
-        "## Previous runs: shared lr", "",
-        "One learning rate (the configs' 1e-3) for every model. Kept so the change is visible.", "",
+        "## Previous runs: shared lr, previous init", "",
+        "One learning rate (the configs' 1e-3) for every model, and the previous Decision Transformer init "
+        "(`block_init: torch`, PyTorch's defaults inside the blocks; docs/method.md §8). Kept so the change is visible.", "",
         "| dataset | model | n | test score (val-selected) | best test score (authors') | final test score | train time / run (s) |",
         "|---|---|---|---|---|---|---|",
     ]

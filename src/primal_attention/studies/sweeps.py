@@ -185,7 +185,7 @@ def trivial_line(comparison: str) -> str:
 
 #: how a page introduces :func:`trivial_line` beside a table of earlier runs
 TRIVIAL_NOTE = ("trivial baselines on the same data and TEST set (each fit on train, chosen on the validation splits "
-                "of the tuned comparison's final seeds; `docs/results/baselines/`)")
+                f"of seeds {', '.join(map(str, FINAL_SEEDS))}, the tuned comparisons' final seeds; `docs/results/baselines/`)")
 
 
 def rl_linear_baseline(comparison: str, compute: bool = True) -> dict | None:
@@ -325,40 +325,57 @@ def schedule_scale(comparison: str, record: dict) -> float:
 def remaining(comparison: str) -> tuple[int, float | None, str]:
     """Runs left in ``comparison`` (grid points and final seeds, on the grid as it stands plus the widening a
     finished model's edge choice makes certain, :func:`certain_widening`; a later widening adds more), the
-    one-core hours they take at the median time of its runs so far (else of its shorter comparison's, scaled;
-    else of the earlier runs of the same configs, scaled to this schedule and by how much longer the runs of
-    the same family's comparisons under the same overrides took than their own earlier runs; else None), and where that time
-    per run comes from."""
-    runs, times, source = certain_widening(comparison) * len(COMPARISONS[comparison]), [], "its runs so far"
-    for sweep in sweeps_of(comparison):
-        done = sweep.results()
-        runs += len(sweep.points) - len(done) + len(sweep.final_seeds) - len(sweep.finals())
-        times += _run_times(sweep)
-    if not times and comparison in LONGER:  # the short comparison's runs, scaled to this schedule
-        short, scale = LONGER[comparison]
-        times = [scale * t for sweep in sweeps_of(short) for t in _run_times(sweep)]
-        source = f"the runs of {short}, times {scale:g} (this schedule's length)"
-    if not times:  # the earlier runs of the same configs, where a page keeps them, scaled to this schedule
-        times, scales = _earlier_times(comparison)
-        source = "the earlier runs of the same configs" + (
-            " (their own schedule)" if set(scales) <= {1.0} else ", scaled to this schedule's length")
-        if times and (slowdown := sibling_slowdown(comparison)):
-            ratio, siblings = slowdown
-            times = [ratio * t for t in times]
-            source += f", times {ratio:.2f} (the median ratio of the runs of {', '.join(siblings)} to their earlier runs)"
-    hours = runs * statistics.median(times) / 3600 if times and runs else (0.0 if not runs else None)
+    one-core hours they take (each model's runs left at the median time of its own runs, :func:`model_times`;
+    a model without times at the median over the others), and where those times come from."""
+    widen = certain_widening(comparison)
+    left = {config: len(s.points) - len(s.results()) + len(s.final_seeds) - len(s.finals()) + widen
+            for config, s in zip(COMPARISONS[comparison], sweeps_of(comparison))}
+    times, source = model_times(comparison)
+    runs = sum(left.values())
+    known = [statistics.median(t) for t in times.values() if t]
+    if not runs:
+        return 0, 0.0, source
+    if not known:
+        return runs, None, source
+    fallback = statistics.median(known)
+    hours = sum(n * (statistics.median(times[c]) if times.get(c) else fallback) for c, n in left.items()) / 3600
     return runs, hours, source
 
 
+def model_times(comparison: str) -> tuple[dict[str, list[float]], str]:
+    """Per model config of ``comparison``, the wall times (s) a run of it takes, and where they come from: its
+    runs so far; else its shorter comparison's, scaled to this schedule; else the earlier runs of the same
+    configs that a page keeps, scaled to this schedule and by :func:`sibling_slowdown`."""
+    configs = COMPARISONS[comparison]
+    own = {c: _run_times(s) for c, s in zip(configs, sweeps_of(comparison))}
+    if any(own.values()):
+        return own, "its runs so far"
+    if comparison in LONGER:  # the short comparison's runs, scaled to this schedule
+        short, scale = LONGER[comparison]
+        found = {c: [scale * t for t in _run_times(s)] for c, s in zip(configs, sweeps_of(short))}
+        if any(found.values()):
+            return found, f"the runs of {short}, times {scale:g} (this schedule's length)"
+    earlier = {c: _earlier_times(comparison, c) for c in configs}
+    scales = {scale for _, scaled in earlier.values() for scale in scaled}
+    source = "the earlier runs of the same configs" + (
+        " (their own schedule)" if scales <= {1.0} else ", scaled to this schedule's length")
+    times = {c: t for c, (t, _) in earlier.items()}
+    if any(times.values()) and (slowdown := sibling_slowdown(comparison)):
+        ratio, siblings = slowdown
+        times = {c: [ratio * v for v in t] for c, t in times.items()}
+        source += f", times {ratio:.2f} (the median ratio of the runs of {', '.join(siblings)} to their earlier runs)"
+    return times, source
+
+
 def sibling_slowdown(comparison: str) -> tuple[float, list[str]] | None:
-    """(median ratio, the comparisons it comes from) of the median run time to the median earlier-run time, over
-    the same family's other comparisons under the same overrides that have both; None where none has."""
+    """(median ratio, the comparisons it comes from) of the median run time to the median earlier-run time (both
+    at the same schedule), over the same family's other comparisons that have both; None where none has."""
     family = comparison.split("/")[0]
     ratios = {}
     for other in COMPARISONS:
-        if other != comparison and other.split("/")[0] == family and OVERRIDES.get(other) == OVERRIDES.get(comparison):
+        if other != comparison and other.split("/")[0] == family:
             own = [t for sweep in sweeps_of(other) for t in _run_times(sweep)]
-            before = _earlier_times(other)[0]
+            before = [t for config in COMPARISONS[other] for t in _earlier_times(other, config)[0]]
             if own and before:
                 ratios[other] = statistics.median(own) / statistics.median(before)
     return (statistics.median(ratios.values()), sorted(ratios)) if ratios else None
@@ -366,14 +383,16 @@ def sibling_slowdown(comparison: str) -> tuple[float, list[str]] | None:
 
 def certain_widening(comparison: str) -> int:
     """Grid points per model that ``comparison``'s grid as it stands is certain to gain: one a side where a model
-    whose sweep of it is complete chose that edge (the grid widens once every model's sweep is complete;
-    0 once all are, :func:`grid_for` having widened what it will)."""
+    whose sweep of it is complete chose that edge, at least one for a two-rate grid (the grid widens once every
+    model's sweep is complete; 0 once all are, :func:`grid_for` having widened what it will)."""
     grid = grid_for(comparison)
     lrs, start = grid["optim.lr"], START_GRIDS.get(comparison, GRID)["optim.lr"]
     chosen = [base_sweep(config, comparison, grid).chosen() for config in COMPARISONS[comparison]]
     if all(c is not None for c in chosen):
         return 0
     picked = {c.point["optim.lr"] for c in chosen if c is not None}
+    if len(lrs) == 2 and not picked:  # a two-rate grid has no inside: whatever is chosen, one side widens
+        picked = {lrs[0]}
     low_left = sum(v < min(start) for v in lrs) < MAX_WIDENINGS  # a side widened MAX_WIDENINGS times stays
     high_left = sum(v > max(start) for v in lrs) < MAX_WIDENINGS
     return (lrs[0] in picked and low_left) + (lrs[-1] in picked and high_left)
@@ -384,17 +403,16 @@ def _run_times(sweep: Sweep) -> list[float]:
     return [float(p.metrics["wall_time_s"]) for p in sweep.results() if p.metrics.get("wall_time_s")]
 
 
-def _earlier_times(comparison: str) -> tuple[list[float], list[float]]:
-    """(wall times scaled to ``comparison``'s schedule, the scales) of the earlier runs of its configs that a
-    page keeps (``docs/results/<family>_runs/<config>``)."""
+def _earlier_times(comparison: str, config: str) -> tuple[list[float], list[float]]:
+    """(wall times scaled to ``comparison``'s schedule, the scales) of the earlier runs of ``config`` that a page
+    keeps (``docs/results/<family>_runs/<config>``: the holdout runs and those of the authors' protocol)."""
+    folder = STORE.parent / f"{config.split('/')[0]}_runs" / config.split("/")[-1]
+    files = [*folder.glob("seed_*.json"), *folder.glob("holdout/seed_*.json"), *folder.glob("authors*/seed_*.json")]
     times, scales = [], []
-    for config in COMPARISONS[comparison]:
-        folder = STORE.parent / f"{config.split('/')[0]}_runs" / config.split("/")[-1]
-        files = [*folder.glob("seed_*.json"), *folder.glob("holdout/seed_*.json")]
-        for r in (json.loads(f.read_text()) for f in files):
-            if r.get("wall_time_s"):
-                scales.append(schedule_scale(comparison, r))
-                times.append(scales[-1] * float(r["wall_time_s"]))
+    for r in (json.loads(f.read_text()) for f in files):
+        if r.get("wall_time_s"):
+            scales.append(schedule_scale(comparison, r))
+            times.append(scales[-1] * float(r["wall_time_s"]))
     return times, scales
 
 

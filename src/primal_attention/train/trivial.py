@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -34,7 +35,7 @@ from primal_attention.train.data import build_splits
 from primal_attention.train.families import get_family
 
 __all__ = ["trivial_baselines", "majority_class", "first_token_lookup", "ngram_lm", "position_blind_features",
-           "fit_mlp", "lm_baselines", "raw_features", "fit_linear", "select_widened", "grid_text"]
+           "fit_mlp", "lm_baselines", "raw_features", "fit_linear", "select_widened", "grid_text", "DECAYS", "RIDGES"]
 
 
 def majority_class(train_y: Tensor, *ys: Tensor) -> list[float]:
@@ -163,14 +164,24 @@ def select_widened(grid: tuple[float, ...], score: Callable[[float], tuple[float
         widened += 1
 
 
-def grid_text(tried: list[float], chosen: float) -> str:
-    """``"{1e-06, …, 0.1}, here 0.01"``, and ``", at the edge of what was tried"`` where it remained there."""
+#: the linear classifier's starting grid of L2 weight decays (widened past an edge by :func:`select_widened`)
+DECAYS = (1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1)
+#: the linear policy's starting grid of ridges
+RIDGES = (1e-2, 1.0, 1e2, 1e4)
+
+
+def grid_text(tried: Sequence[float], chosen: float | None = None) -> str:
+    """``"{1e-06, …, 0.1}"``; with ``chosen``, ``"…, here 0.01"`` and ``", at the edge of what was tried"``
+    where it remained there."""
+    text = "{" + ", ".join(f"{v:g}" for v in tried) + "}"
+    if chosen is None:
+        return text
     edge = ", at the edge of what was tried" if len(tried) > 1 and chosen in (tried[0], tried[-1]) else ""
-    return "{" + ", ".join(f"{v:g}" for v in tried) + f"}}, here {chosen:g}{edge}"
+    return f"{text}, here {chosen:g}{edge}"
 
 
 def fit_linear(train: tuple[Tensor, Tensor], val: tuple[Tensor, Tensor], test: tuple[Tensor, Tensor], num_classes: int,
-               *, decays: tuple[float, ...] = (1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1), steps: int = 300, seed: int = 0
+               *, decays: tuple[float, ...] = DECAYS, steps: int = 300, seed: int = 0
                ) -> tuple[float, float, float, list[float]]:
     """Multinomial logistic regression on standardised features, full batch (L-BFGS), one fit per L2
     weight decay; returns (val, test accuracy, decay, the decays tried) of the decay with the best validation
@@ -278,7 +289,7 @@ def _affine_policy(w: np.ndarray):
     return lambda s: s @ w[:-1] + w[-1]
 
 
-def linear_policy(train, val, test, *, ridges: tuple[float, ...] = (1e-2, 1.0, 1e2, 1e4)) -> dict[str, Any]:
+def linear_policy(train, val, test, *, ridges: tuple[float, ...] = RIDGES) -> dict[str, Any]:
     """Linear behaviour cloning: ridge regression of the dataset's actions on its normalised states (with a
     bias; no return conditioning), one closed-form fit per ridge; the ridge whose VALIDATION rollouts
     score best (ties: the larger ridge; ``ridges`` widened a hundredfold past an edge while the choice lies
@@ -292,9 +303,10 @@ def linear_policy(train, val, test, *, ridges: tuple[float, ...] = (1e-2, 1.0, 1
 
     ridge, score_v, w, tried = select_widened(ridges, fit, factor=100.0)
     test_score = policy_rollout(_affine_policy(w), test)["score"]
-    return {"what": f"linear behaviour cloning (ridge regression of actions on states; ridge selected on "
-                    f"{val.episodes} validation rollouts from {grid_text(tried, ridge)})",
-            "val_score": score_v, "test_score": test_score}
+    return {"what": f"linear behaviour cloning (ridge regression of actions on states; ridge chosen on "
+                    f"{val.episodes} validation rollouts from {grid_text(RIDGES)}, widened a hundredfold past an edge "
+                    "while the choice lies there)",
+            "val_score": score_v, "test_score": test_score, "choice": ridge, "tried": tried}
 
 
 def _predicted_stream(data) -> Tensor:
