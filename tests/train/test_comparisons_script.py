@@ -357,3 +357,31 @@ def test_an_estimate_takes_each_models_own_time_per_run(tmp_path, monkeypatch) -
     left = 3 + finals  # each model: 3 grid points and the final seeds; the third model runs at the others' median
     assert runs == 3 * left + 1 and source == "its runs so far"
     assert hours == (left * 1000.0 + left * 100.0 + (left + 1) * 550.0) / 3600
+
+def test_a_worker_freed_by_a_run_goes_back_to_the_first_comparison_with_work(tmp_path, monkeypatch) -> None:
+    tuned = _script(monkeypatch, tmp_path)
+    # "a" (first in priority) has two cells, the second held by another worker until a's next pass; "b" has two.
+    # A step trains every cell of its comparison that is free at the time, as Sweep.step does.
+    cells = {"a": ["a1", "a2"], "b": ["b1", "b2"]}
+    calls = {"a": 0, "b": 0}
+    trained: list[str] = []
+
+    class Fake:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def step(self, finals: bool = True) -> bool:
+            calls[self.name] += 1
+            for cell in cells[self.name]:
+                held = cell == "a2" and calls["a"] == 1
+                if cell not in trained and not held:
+                    trained.append(cell)
+            return all(c in trained for c in cells[self.name])
+
+    monkeypatch.setattr(tuned, "settled_grids", lambda name: ([Fake(name)], [True]))
+    monkeypatch.setattr(tuned, "stored_runs", lambda name: sum(c.startswith(name) for c in trained))
+    sleeps: list[float] = []
+    monkeypatch.setattr(tuned.time, "sleep", sleeps.append)
+    tuned.work_through(["a", "b"], poll=60.0)
+    # a1 stored, a2 held: back to "a" (not on to "b"), where a2 is free by then; no waiting, there was work
+    assert trained == ["a1", "a2", "b1", "b2"] and sleeps == []

@@ -498,16 +498,36 @@ def main() -> None:
         if waiting:
             print(f"skipping {name}: {waiting}", flush=True)
             names.remove(name)
-    while names:
-        # comparison by comparison: every model's grid first, then every model's final seeds, so that an
-        # interrupted session leaves whole comparisons rather than one model far ahead of the others
-        done = True
+    if names:
+        work_through(names, args.poll)
+
+
+def stored_runs(comparison: str) -> int:
+    """How many runs of ``comparison`` are stored (grid points and final seeds, every model)."""
+    return sum(len(s.results()) + len(s.finals()) for s in sweeps_of(comparison))
+
+
+def work_through(names: list[str], poll: float) -> None:
+    """Train the comparisons ``names`` (in priority order) until all are complete. A pass goes comparison by
+    comparison, every model's grid first, then every model's final seeds (so that an interrupted session leaves
+    whole comparisons rather than one model far ahead of the others); once a comparison's pass has stored a new
+    run without finishing it, the next pass starts again from the first comparison, so that a worker freed by a
+    run takes the highest-priority cell there is (a grid widened meanwhile included), not a later comparison's.
+    A pass that stored nothing waits ``poll`` seconds (every cell left is held by another worker)."""
+    while True:
+        done, progressed = True, False
         for name in names:
+            before = stored_runs(name)
             group, grids = settled_grids(name)
-            done &= all([s.step() for s in group]) if all(grids) else False
+            finished = all([s.step() for s in group]) if all(grids) else False
+            done &= finished
+            if not finished and stored_runs(name) > before:
+                progressed = True
+                break
         if done:
             return
-        time.sleep(args.poll)
+        if not progressed:
+            time.sleep(poll)
 
 
 if __name__ == "__main__":
