@@ -121,11 +121,13 @@ def baseline_what(row: dict[str, Any]) -> str:
     """A stored baseline's description with what each seed chose where it chose a regularisation on validation
     (``choice`` and ``tried`` per seed), e.g. ``"…; chosen per seed: 0.001, 0.01, 0.001"``, counting the seeds
     whose choice stayed at the edge of what was tried."""
+    from primal_attention.train.trivial import at_edge
+
     choices = row.get("choice")
     if not choices:
         return row["what"]
     text = f"{row['what']}; chosen per seed: {', '.join(f'{c:g}' for c in choices)}"
-    edges = sum(len(t) > 1 and c in (t[0], t[-1]) for c, t in zip(choices, row.get("tried", [])))
+    edges = sum(at_edge(t, c) for c, t in zip(choices, row.get("tried", [])))
     return text + (f" ({edges} of {len(choices)} still at the edge of what was tried)" if edges else "")
 
 

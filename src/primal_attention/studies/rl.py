@@ -222,7 +222,7 @@ def round_comparison_lines() -> list[str]:
     """Old vs new selection on every dataset with a first tuned round: the first round's finals (the sweep's
     seed-0 run, chosen on 5 validation episodes, reused beside fresh seeds 1, 2), the same without that run,
     and the second round (every final seed fresh, 20 validation and 20 test episodes on disjoint env seeds)."""
-    rows = []
+    rows, listed = [], set()  # the table's rows and the datasets they show
     behaviour = json.loads(FIRST_ROUND_BEHAVIOUR.read_text()) if FIRST_ROUND_BEHAVIOUR.is_file() else {}
     for d in tuned.RL_DATASETS:
         new = {e.label: outcome(e) for e in tuned.entries(f"rl/{d}")}
@@ -238,13 +238,13 @@ def round_comparison_lines() -> list[str]:
                 f"{value_cell(o.test, 1)} (n={len(o.test)})" if o.test else "–")
             first_behaviour = f"{behaviour[d]:.1f}" if d in behaviour else "–"
             first_lr = old["chosen"] + (" (at the grid's edge)" if old["edge"] else "")
+            listed.add(d)
             rows.append(f"| {d} | {label} | {first_behaviour} | {first_lr} | {old['sweep_run']:.1f} | "
                         f"{value_cell([old['sweep_run'], *fresh], 1)} (n={1 + len(fresh)}) | "
                         f"{value_cell(fresh, 1)} (n={len(fresh)}) | {second[0]} | {second[1]} |")
     if not rows:
         return []
     second = tuned.collected_behaviour()
-    listed = {row.split(" | ")[0].removeprefix("| ") for row in rows}  # the datasets with a first round
     shared = [d for d in listed if d in behaviour and d in second]
     if len(shared) == len(listed) and all(second[d] == behaviour[d] for d in shared):  # same episodes, same float
         data = ("Both rounds trained on the same collection here (the behaviour scores of their cards agree to every "

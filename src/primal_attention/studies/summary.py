@@ -26,7 +26,8 @@ from primal_attention.studies import sweeps as tuned
 from primal_attention.studies.paths import ROOT
 
 from primal_attention.studies.comparison import (
-    Outcome, at_grid_edge, baselines_for, clears_baseline, no_verdict, outcome, still_improving, verdict_against_claim)
+    Outcome, at_grid_edge, baselines_for, clears_baseline, display_scale, no_verdict, outcome, still_improving,
+    verdict_against_claim)
 from primal_attention.train.stats import value_cell, welch_difference
 
 RESULTS = ROOT / "docs" / "results"
@@ -150,7 +151,7 @@ SYSTEMS = [
            "SAC-collected MuJoCo datasets (paper: D4RL), those whose tuned comparison is complete", None, None,
            lambda: _renamed(tuned.rl_average(ds), _RL_NAMES) if (ds := _rl_complete()) else None,
            lambda: _rl_collected_baseline(ds) if (ds := _rl_complete()) else None,
-           tuned_note=lambda: f"; the mean over {', '.join(_rl_complete())}, per seed" + _rl_rising(_rl_complete()),
+           tuned_note=lambda: f"; the mean over {', '.join(ds := _rl_complete())}, per seed" + _rl_rising(ds),
            only_tuned=True),
 ]
 #: the paper's claim per system, as a phrase (docs/method.md §5).
@@ -300,7 +301,7 @@ def _comparison_values(system: System, comparison: str) -> tuple[dict[str, list[
     if len(ready) != len(outs):
         return None
     # an LM sweep selects and stores the loss (nats per token); the page's metric is its exp, perplexity
-    scale = 100.0 if system.metric == "acc" else 1.0
+    scale = display_scale(system.metric)
     convert = math.exp if system.metric == "ppl" and ready[0].metric == "loss" else (lambda v: scale * v)
     return {label: [convert(v) for v in o.test] for label, o in outs.items()}, outs
 
@@ -323,6 +324,8 @@ EARLIER = "earlier runs: shared lr, previous init"
 def earlier_label(system: System) -> str:
     """How the source column names a row's earlier runs: one shared lr, and the previous init where it changed."""
     return "earlier runs: shared lr, init unchanged" if system.earlier_same_init else EARLIER
+
+
 TUNED = "tuned lr (val-selected)"
 
 

@@ -35,7 +35,7 @@ from primal_attention.train.data import build_splits
 from primal_attention.train.families import get_family
 
 __all__ = ["trivial_baselines", "majority_class", "first_token_lookup", "ngram_lm", "position_blind_features",
-           "fit_mlp", "lm_baselines", "raw_features", "fit_linear", "select_widened", "grid_text", "DECAYS", "RIDGES"]
+           "fit_mlp", "lm_baselines", "raw_features", "fit_linear", "select_widened", "grid_text", "at_edge", "DECAYS", "RIDGES"]
 
 
 def majority_class(train_y: Tensor, *ys: Tensor) -> list[float]:
@@ -144,6 +144,11 @@ def raw_features(splits: list[Any]) -> tuple[list[Tensor], str]:
         "the flattened series, zero-padded past its end"
 
 
+def at_edge(tried: Sequence[float], chosen: float) -> bool:
+    """Whether ``chosen`` is the smallest or largest of the sorted values ``tried`` (never for a single value)."""
+    return len(tried) > 1 and chosen in (tried[0], tried[-1])
+
+
 def select_widened(grid: tuple[float, ...], score: Callable[[float], tuple[float, Any]], *, factor: float = 10.0,
                    max_widen: int = 6) -> tuple[float, float, Any, list[float]]:
     """The value of ``grid`` whose ``score(value) -> (validation score, payload)`` is highest (ties: the larger
@@ -158,7 +163,7 @@ def select_widened(grid: tuple[float, ...], score: Callable[[float], tuple[float
             scored[value] = score(value)
         tried = sorted(scored)
         best = max(tried, key=lambda v: (scored[v][0], v))
-        if widened >= max_widen or best not in (tried[0], tried[-1]) or len(tried) < 2:
+        if widened >= max_widen or not at_edge(tried, best):
             return best, scored[best][0], scored[best][1], tried
         grid = (float(f"{best * factor if best == tried[-1] else best / factor:.6g}"),)  # 1e-6, not 1.0000000000000002e-06
         widened += 1
@@ -176,7 +181,7 @@ def grid_text(tried: Sequence[float], chosen: float | None = None) -> str:
     text = "{" + ", ".join(f"{v:g}" for v in tried) + "}"
     if chosen is None:
         return text
-    edge = ", at the edge of what was tried" if len(tried) > 1 and chosen in (tried[0], tried[-1]) else ""
+    edge = ", at the edge of what was tried" if at_edge(tried, chosen) else ""
     return f"{text}, here {chosen:g}{edge}"
 
 
