@@ -209,7 +209,7 @@ def test_final_seeds_wait_until_a_widened_grid_stops_widening(tmp_path, monkeypa
             return True
 
     calls = iter(grids + [grids[-1]] * 3)
-    monkeypatch.setattr(tuned, "sweeps_of", lambda comparison: [FakeSweep(next(calls))])
+    monkeypatch.setattr(tuned, "sweeps_of", lambda comparison, deadline=None: [FakeSweep(next(calls))])
     group, complete = tuned.settled_grids("uea/JapaneseVowels")
     assert all(complete) and group[0].grid == {"optim.lr": grids[-1]}
     assert ran == [("grid", 3e-3), ("grid", 1e-2), ("grid", 3e-2)]  # no finals on the grids that widened
@@ -378,10 +378,63 @@ def test_a_worker_freed_by_a_run_goes_back_to_the_first_comparison_with_work(tmp
                     trained.append(cell)
             return all(c in trained for c in cells[self.name])
 
-    monkeypatch.setattr(tuned, "settled_grids", lambda name: ([Fake(name)], [True]))
+    monkeypatch.setattr(tuned, "settled_grids", lambda name, deadline=None: ([Fake(name)], [True]))
     monkeypatch.setattr(tuned, "stored_runs", lambda name: sum(c.startswith(name) for c in trained))
     sleeps: list[float] = []
     monkeypatch.setattr(tuned.time, "sleep", sleeps.append)
     tuned.work_through(["a", "b"], poll=60.0)
     # a1 stored, a2 held: back to "a" (not on to "b"), where a2 is free by then; no waiting, there was work
     assert trained == ["a1", "a2", "b1", "b2"] and sleeps == []
+
+
+def test_a_worker_with_a_deadline_starts_only_runs_that_end_by_it_then_stops(tmp_path, monkeypatch) -> None:
+    tuned = _script(monkeypatch, tmp_path)
+    # "long" (first in priority) takes 2 h a run, "short" 10 min; one hour is left: only "short" is trained
+    hours = {"long": 2.0, "short": 1 / 6}
+    trained: list[str] = []
+    now = 1_000_000.0
+    monkeypatch.setattr(tuned.time, "time", lambda: now)
+
+    class Fake:
+        def __init__(self, name: str, deadline: float | None) -> None:
+            self.name, self.start_by = name, None if deadline is None else deadline - 3600 * hours[name]
+
+        def step(self, finals: bool = True) -> bool:
+            for cell in (f"{self.name}1", f"{self.name}2"):
+                if cell not in trained and (self.start_by is None or now <= self.start_by):
+                    trained.append(cell)
+            return all(c in trained for c in (f"{self.name}1", f"{self.name}2"))
+
+    monkeypatch.setattr(tuned, "settled_grids", lambda name, deadline=None: ([Fake(name, deadline)], [True]))
+    monkeypatch.setattr(tuned, "stored_runs", lambda name: sum(c.startswith(name) for c in trained))
+    sleeps: list[float] = []
+    monkeypatch.setattr(tuned.time, "sleep", sleeps.append)
+    tuned.work_through(["long", "short"], poll=60.0, deadline=now + 3600)
+    assert trained == ["short1", "short2"] and sleeps == []  # then it stops rather than wait for "long"
+    tuned.work_through(["long", "short"], poll=60.0)  # no deadline: "long" too
+    assert trained[2:] == ["long1", "long2"]
+
+
+def test_a_deadline_is_set_by_each_models_longest_run(tmp_path, monkeypatch) -> None:
+    tuned = _script(monkeypatch, tmp_path)
+    models = ["uea/JapaneseVowels_transformer", "uea/JapaneseVowels_primalformer", "uea/JapaneseVowels_primal+"]
+    monkeypatch.setattr(tuned, "COMPARISONS", {"uea/JapaneseVowels": models})
+    monkeypatch.setattr(tuned, "OVERRIDES", {})
+    for stem, walls in (("JapaneseVowels_transformer", (100.0, 300.0)), ("JapaneseVowels_primalformer", (50.0,))):
+        for lr, wall in zip(tuned.GRID["optim.lr"], walls):
+            point = tmp_path / stem / "points" / point_name({"optim.lr": lr}) / "seed_0.json"
+            _store(point, 0.9)
+            point.write_text(json.dumps({**json.loads(point.read_text()), "wall_time_s": wall}))
+    # a model without runs takes the longest of the others'
+    assert tuned.longest_run_s("uea/JapaneseVowels") == dict(zip(models, (300.0, 50.0, 300.0)))
+    assert [s.start_by for s in tuned.sweeps_of("uea/JapaneseVowels", deadline=1000.0)] == [700.0, 950.0, 700.0]
+    assert all(s.start_by is None for s in tuned.sweeps_of("uea/JapaneseVowels"))
+
+
+def test_the_script_refuses_a_deadline_that_is_not_ahead() -> None:
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "sweep_comparisons.py"), "--hours", "0"],
+                          capture_output=True, text=True)
+    assert done.returncode == 2 and "--hours must be a positive number, got 0" in done.stderr

@@ -118,6 +118,17 @@ def test_stored_points_are_selected_on_validation_not_test(tmp_path) -> None:
     assert "**chosen**" in (tmp_path / "sweep.md").read_text().split("0.001 |")[1].splitlines()[0]
 
 
+def test_a_sweep_past_its_start_by_starts_no_cell_but_keeps_what_is_stored(tmp_path) -> None:
+    import time
+
+    late = Sweep(CONFIG, {"optim.lr": [1e-4, 1e-3]}, tmp_path, overrides=tuple(TINY), start_by=time.time() - 1)
+    _fake(tmp_path, 1e-4, val=0.6, test=0.6)
+    assert late.step() is False  # 1e-3 is not started (training it here would take seconds and leave a file)
+    assert [p.point for p in late.results()] == [{"optim.lr": 1e-4}]
+    assert not (tmp_path / "points" / point_name({"optim.lr": 1e-3})).exists()
+    assert late.run_cell(*late.cells()[0]) is True  # a stored cell is stored, whatever the time
+
+
 def test_a_sweep_in_progress_reports_its_points_so_far(tmp_path) -> None:
     """A pass that leaves a cell to another worker still writes the report: the results pages show the
     points so far (and no choice) while a long sweep runs."""

@@ -440,26 +440,44 @@ def not_rerun_note(names: dict[str, str]) -> list[str]:
             "adds runs. `scripts/sweep_comparisons.py --only <comparison>` runs one (resumable).", ""]
 
 
-def base_sweep(config: str, comparison: str, grid: dict[str, list[float]] = GRID) -> Sweep:
-    """The sweep of one model of ``comparison`` over ``grid`` (its store and run folders)."""
+def base_sweep(config: str, comparison: str, grid: dict[str, list[float]] = GRID, start_by: float | None = None) -> Sweep:
+    """The sweep of one model of ``comparison`` over ``grid`` (its store and run folders), starting no cell
+    after ``start_by`` (``time.time()`` seconds; None: any time)."""
     stem = config.split("/")[-1] + STORE_SUFFIX.get(comparison, "")
     return Sweep(ROOT / "configs" / f"{config}.yaml", grid, WORK / stem, STORE / stem, sweep_seed=0,
-                 final_seeds=seeds_for(comparison), overrides=tuple(OVERRIDES.get(comparison, [])), threads=1)
+                 final_seeds=seeds_for(comparison), overrides=tuple(OVERRIDES.get(comparison, [])), threads=1,
+                 start_by=start_by)
 
 
-def sweeps_of(comparison: str) -> list[Sweep]:
-    """The sweep of every model of ``comparison`` over the comparison's grid (:func:`grid_for`, read once)."""
+def sweeps_of(comparison: str, deadline: float | None = None) -> list[Sweep]:
+    """The sweep of every model of ``comparison`` over the comparison's grid (:func:`grid_for`, read once); with
+    a ``deadline`` (``time.time()`` seconds), each starts no run later than its longest expected run time
+    (:func:`longest_run_s`) before it."""
     grid = grid_for(comparison)
-    return [base_sweep(config, comparison, grid) for config in COMPARISONS[comparison]]
+    longest = longest_run_s(comparison) if deadline is not None else {}
+    return [base_sweep(config, comparison, grid, None if deadline is None else deadline - (longest.get(config) or 0.0))
+            for config in COMPARISONS[comparison]]
 
 
-def settled_grids(comparison: str) -> tuple[list[Sweep], list[bool]]:
+def longest_run_s(comparison: str) -> dict[str, float | None]:
+    """Per model config of ``comparison``, the longest time (s) one of its runs is expected to take: the
+    longest of its times (:func:`model_times`), else the longest of the other models'; None where none is known."""
+    times, _ = model_times(comparison)
+    known = [t for ts in times.values() for t in ts]
+    longest: dict[str, float | None] = {}
+    for config in COMPARISONS[comparison]:
+        own = times.get(config) or known
+        longest[config] = max(own) if own else None
+    return longest
+
+
+def settled_grids(comparison: str, deadline: float | None = None) -> tuple[list[Sweep], list[bool]]:
     """One pass over every model's grid of ``comparison`` (no final seeds), widened and passed over again for
     as long as a completed grid widens (:func:`grid_for`), so that final seeds start only on a grid whose
-    every choice is interior: the sweeps and whether each grid is complete."""
-    group = sweeps_of(comparison)
+    every choice is interior: the sweeps (with ``deadline``, :func:`sweeps_of`) and whether each grid is complete."""
+    group = sweeps_of(comparison, deadline)
     grids = [s.step(finals=False) for s in group]
-    while all(grids) and (wider := sweeps_of(comparison))[0].grid != group[0].grid:
+    while all(grids) and (wider := sweeps_of(comparison, deadline))[0].grid != group[0].grid:
         group, grids = wider, [s.step(finals=False) for s in wider]
     return group, grids
 
@@ -471,6 +489,9 @@ def main() -> None:
     p.add_argument("--baselines", action="store_true",
                    help="compute (and cache) the trivial baselines of each comparison on its final seeds' splits, then exit")
     p.add_argument("--poll", type=float, default=60.0, help="seconds between passes while others hold the cells left")
+    p.add_argument("--hours", type=float, default=None,
+                   help="start only runs expected to end within this many hours (by their model's longest run so "
+                        "far), taking shorter comparisons' runs when a longer one would not finish; stop when none is left")
     args = p.parse_args()
     names = args.only.split(",") if args.only else list(COMPARISONS)
     unknown = sorted(set(names) - set(COMPARISONS))
@@ -498,8 +519,13 @@ def main() -> None:
         if waiting:
             print(f"skipping {name}: {waiting}", flush=True)
             names.remove(name)
+    if args.hours is not None and not args.hours > 0:
+        p.error(f"--hours must be a positive number, got {args.hours:g}")
+    deadline = None if args.hours is None else time.time() + 3600 * args.hours
+    if deadline is not None:
+        print(f"starting only runs expected to end by {time.strftime('%H:%M', time.localtime(deadline))}", flush=True)
     if names:
-        work_through(names, args.poll)
+        work_through(names, args.poll, deadline)
 
 
 def stored_runs(comparison: str) -> int:
@@ -507,28 +533,36 @@ def stored_runs(comparison: str) -> int:
     return sum(len(s.results()) + len(s.finals()) for s in sweeps_of(comparison))
 
 
-def work_through(names: list[str], poll: float) -> None:
+def work_through(names: list[str], poll: float, deadline: float | None = None) -> None:
     """Train the comparisons ``names`` (in priority order) until all are complete. A pass goes comparison by
     comparison, every model's grid first, then every model's final seeds (so that an interrupted session leaves
     whole comparisons rather than one model far ahead of the others); once a comparison's pass has stored a new
     run without finishing it, the next pass starts again from the first comparison, so that a worker freed by a
     run takes the highest-priority cell there is (a grid widened meanwhile included), not a later comparison's.
-    A pass that stored nothing waits ``poll`` seconds (every cell left is held by another worker)."""
+    A pass that stored nothing waits ``poll`` seconds (every cell left is held by another worker). With a
+    ``deadline`` (``time.time()`` seconds), a run starts only if its model's longest run so far would end by then
+    (:func:`sweeps_of`), so shorter comparisons fill the time a long run would not finish in; the worker stops
+    once no model of an unfinished comparison can start one."""
     while True:
-        done, progressed = True, False
+        done, progressed, unfinished = True, False, []
         for name in names:
             before = stored_runs(name)
-            group, grids = settled_grids(name)
+            group, grids = settled_grids(name, deadline)
             finished = all([s.step() for s in group]) if all(grids) else False
             done &= finished
+            if not finished:
+                unfinished.append(group)
             if not finished and stored_runs(name) > before:
                 progressed = True
                 break
         if done:
             return
+        if deadline is not None and not progressed and all(
+                time.time() > s.start_by for group in unfinished for s in group):
+            print("stopping: no run left that would end before the deadline", flush=True)
+            return
         if not progressed:
             time.sleep(poll)
-
 
 if __name__ == "__main__":
     main()

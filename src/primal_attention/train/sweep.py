@@ -183,6 +183,8 @@ class Sweep:
     final_seeds: tuple[int, ...] = (1, 2, 3)
     overrides: tuple[str, ...] = ()
     threads: int = 1
+    #: no cell starts after this moment (``time.time()`` seconds; None: any time); a cell already running finishes
+    start_by: float | None = None
 
     def __post_init__(self) -> None:
         self.config, self.out = Path(self.config), Path(self.out)
@@ -284,9 +286,12 @@ class Sweep:
                 for s in self.final_seeds]
 
     def run_cell(self, name: str, point: dict[str, Any], seed: int, path: Path) -> bool:
-        """Train one cell unless it is stored or another process holds it; True if it is stored now."""
+        """Train one cell unless it is stored, another process holds it or it is past ``start_by``; True if it is
+        stored now."""
         if path.is_file():
             return True
+        if self.start_by is not None and time.time() > self.start_by:
+            return False
         locks = self.out / "locks"
         locks.mkdir(parents=True, exist_ok=True)
         kind = "final" if name == "final" else "point"
