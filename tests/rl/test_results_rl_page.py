@@ -86,3 +86,32 @@ def test_a_third_collection_keeps_both_earlier_records_each_named_by_the_runs_th
     (tmp_path / "rl.md").write_text("# RL\n\n## Collected datasets\n\n" + "\n\n".join(three) + "\n")
     kept = page.kept_card_sections()
     assert page.card_sections("hopper", _card(40.0), kept) == three == page.card_sections("hopper", None, kept)
+
+
+def test_runs_whose_policy_fell_at_every_evaluation_are_named(monkeypatch) -> None:
+    from types import SimpleNamespace
+
+    from primal_attention.studies import rl, sweeps
+
+    def record(*lengths: float) -> dict:
+        return {"history": [{"val_length": n} for n in lengths]}
+
+    class Fake:
+        def __init__(self, points: dict[str, dict], finals: list[dict]) -> None:
+            self.points, self.final = points, finals
+
+        def results(self):
+            return [SimpleNamespace(name=name, metrics=m) for name, m in self.points.items()]
+
+        def finals(self):
+            return self.final
+
+    groups = [Fake({"optim.lr=0.0003": record(21, 20), "optim.lr=0.001": record(18, 381)}, [{"seed": 1, **record(300, 30)}]),
+              Fake({"optim.lr=0.0003": record(24, 36)}, [{"seed": 2, **record(12, 14)}])]
+    monkeypatch.setattr(sweeps, "entries", lambda c: [SimpleNamespace(label="DT"), SimpleNamespace(label="Primal.+DT")])
+    monkeypatch.setattr(sweeps, "sweeps_of", lambda c: groups)
+    text = rl.fallen_lines("rl/hopper-medium")[0]
+    # a run that hopped at any evaluation (381, 300 steps) is not named
+    assert text.endswith("DT lr 0.0003 (21, 20 steps); Primal.+DT lr 0.0003 (24, 36 steps); Primal.+DT final seed 2 (12, 14 steps).")
+    groups[:] = [Fake({"optim.lr=0.001": record(18, 381)}, [])]
+    assert rl.fallen_lines("rl/hopper-medium") == []

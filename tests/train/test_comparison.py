@@ -55,7 +55,8 @@ def test_tuned_section_rows_choice_interval_and_baselines(tmp_path: Path) -> Non
     rows = {line.split(" | ")[0].lstrip("| "): line for line in lines if line.startswith("| ")}
     assert "0.0001: 70.0 · **0.001: 80.0**" in rows["Transformer"]  # chosen on validation, in bold
     assert "**0.0001: 90.0** · 0.001: 85.0" in rows["PrimalFormer"]
-    assert "0.0001: 75.0 (1 left)" in rows["Primal.+Trans."] and "| 0 |" in rows["Primal.+Trans."]
+    # a point not run yet shows – in its place in the grid
+    assert "0.0001: 75.0 · 0.001: – (1 left)" in rows["Primal.+Trans."] and "| 0 |" in rows["Primal.+Trans."]
     assert "61.0 ± 1.0" in rows["Transformer"] and "3/3 flat" in rows["Transformer"]
     assert "3/3 still improving" in rows["PrimalFormer"]  # a new best in the last quarter of its evaluations
     assert "*trivial: majority* (most frequent class)" in text
@@ -81,8 +82,9 @@ def test_tuned_section_rows_choice_interval_and_baselines(tmp_path: Path) -> Non
                                      reference="Transformer1"))
     assert "still rising" in early and "read as a verdict" not in early
     # stds 1.0 a side, n = 3: Welch df = 4, t = 2.776, half-width 2.776 · sqrt(2/3) = 2.27
-    assert "**Smallest detectable difference** (half the width of the 95 % interval" in text
-    assert "PrimalFormer ±2.3." in text
+    # and the true difference found 4 times in 5: (t_.975 + t_.80) · se = (2.776 + 0.941) · 0.816 = 3.03
+    assert "**Smallest detectable difference** (±: half the width of the 95 % interval" in text
+    assert "PrimalFormer ±2.3 (80 % power: 3.0)." in text
 
 
 def test_outcome_of_a_sweep_not_started_and_the_baseline_rule(tmp_path: Path) -> None:

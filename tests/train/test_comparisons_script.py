@@ -415,19 +415,19 @@ def test_a_worker_with_a_deadline_starts_only_runs_that_end_by_it_then_stops(tmp
     assert trained[2:] == ["long1", "long2"]
 
 
-def test_a_deadline_is_set_by_each_models_longest_run(tmp_path, monkeypatch) -> None:
+def test_a_deadline_is_set_by_each_models_expected_run_time(tmp_path, monkeypatch) -> None:
     tuned = _script(monkeypatch, tmp_path)
     models = ["uea/JapaneseVowels_transformer", "uea/JapaneseVowels_primalformer", "uea/JapaneseVowels_primal+"]
     monkeypatch.setattr(tuned, "COMPARISONS", {"uea/JapaneseVowels": models})
     monkeypatch.setattr(tuned, "OVERRIDES", {})
-    for stem, walls in (("JapaneseVowels_transformer", (100.0, 300.0)), ("JapaneseVowels_primalformer", (50.0,))):
+    for stem, walls in (("JapaneseVowels_transformer", (100.0, 300.0, 400.0)), ("JapaneseVowels_primalformer", (50.0,))):
         for lr, wall in zip(tuned.GRID["optim.lr"], walls):
             point = tmp_path / stem / "points" / point_name({"optim.lr": lr}) / "seed_0.json"
             _store(point, 0.9)
             point.write_text(json.dumps({**json.loads(point.read_text()), "wall_time_s": wall}))
-    # a model without runs takes the longest of the others'
-    assert tuned.longest_run_s("uea/JapaneseVowels") == dict(zip(models, (300.0, 50.0, 300.0)))
-    assert [s.start_by for s in tuned.sweeps_of("uea/JapaneseVowels", deadline=1000.0)] == [700.0, 950.0, 700.0]
+    # each model's median; a model without runs takes the median over the others' runs (50, 100, 300, 400)
+    assert tuned.expected_run_s("uea/JapaneseVowels") == (dict(zip(models, (300.0, 50.0, 200.0))), "its runs so far")
+    assert [s.start_by for s in tuned.sweeps_of("uea/JapaneseVowels", deadline=1000.0)] == [700.0, 950.0, 800.0]
     assert all(s.start_by is None for s in tuned.sweeps_of("uea/JapaneseVowels"))
 
 
@@ -438,3 +438,27 @@ def test_the_script_refuses_a_deadline_that_is_not_ahead() -> None:
     done = subprocess.run([sys.executable, str(ROOT / "scripts" / "sweep_comparisons.py"), "--hours", "0"],
                           capture_output=True, text=True)
     assert done.returncode == 2 and "--hours must be a positive number, got 0" in done.stderr
+
+
+def test_a_longer_schedules_estimate_takes_the_slowdown_other_longer_schedules_showed(tmp_path, monkeypatch) -> None:
+    tuned = _script(monkeypatch, tmp_path)
+    models = ["uea/JapaneseVowels_transformer"]
+    monkeypatch.setattr(tuned, "COMPARISONS", {"uea/JapaneseVowels": models, "uea/a-2x": models, "uea/b-2x": models})
+    monkeypatch.setattr(tuned, "LONGER", {"uea/a-2x": ("uea/JapaneseVowels", 2.0), "uea/b-2x": ("uea/JapaneseVowels", 2.0)})
+    monkeypatch.setattr(tuned, "STORE_SUFFIX", {"uea/a-2x": "_a", "uea/b-2x": "_b"})
+    monkeypatch.setattr(tuned, "OVERRIDES", {})
+    for stem, wall in (("JapaneseVowels_transformer", 100.0), ("JapaneseVowels_transformer_a", 300.0)):
+        point = tmp_path / stem / "points" / point_name({"optim.lr": 1e-4}) / "seed_0.json"
+        _store(point, 0.9)
+        point.write_text(json.dumps({**json.loads(point.read_text()), "wall_time_s": wall}))
+    # a-2x's run took 300 s where 2 x 100 s was expected: b-2x's estimate is 2 x 100 s x 1.5
+    assert tuned.longer_slowdown("uea/b-2x") == (1.5, ["uea/a-2x"])
+    expected, source = tuned.expected_run_s("uea/b-2x")
+    assert expected == {models[0]: 300.0} and "times 2 (this schedule's length), times 1.50" in source
+    assert tuned.longer_slowdown("uea/a-2x") is None  # b-2x has no runs
+
+
+def test_the_trivial_note_names_the_seeds_that_chose_the_baselines(tmp_path, monkeypatch) -> None:
+    tuned = _script(monkeypatch, tmp_path)
+    assert "validation splits of seeds 1, 2, 3, 4, 5, 6, 7, 8, 9, 10," in tuned.trivial_note("uea/JapaneseVowels")
+    assert "validation splits of seeds 1, 2, 3," in tuned.trivial_note("lra/image", "lra/text")

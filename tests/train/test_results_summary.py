@@ -198,6 +198,15 @@ def test_the_rl_rows_source_counts_the_seeds_still_improving_per_dataset(tmp_pat
     monkeypatch.setattr(summary, "outcome", lambda e: e)
     monkeypatch.setattr(summary, "still_improving", lambda e: counts[(str(e.config).removeprefix("rl/"), e.label)])
     assert summary._rl_rising(["a", "b"]) == ("; validation still improving at the schedule's end (seeds, per dataset): "
-                                               "Transformer 3/3, 1/3; Primal.+Trans. 0/3, 0/3")
+                                               "DT 3/3, 1/3; Primal.+DT 0/3, 0/3")  # named as rl.md and the rows name them
     counts.update({k: (0, 3) for k in counts})
     assert summary._rl_rising(["a", "b"]) == ""  # every curve flat: nothing to say
+
+
+def test_the_rl_rows_name_the_decision_transformers_as_rl_md_does() -> None:
+    from primal_attention.studies import summary
+
+    rl = next(s for s in summary.SYSTEMS if s.name.startswith("Offline RL"))
+    lm = next(s for s in summary.SYSTEMS if s.name == "Causal LM")
+    assert [summary._shown(rl, m) for m in ("Transformer", "Primal.+Trans.")] == ["DT", "Primal.+DT"]
+    assert [summary._shown(lm, m) for m in ("Transformer", "Primal.+Trans.")] == ["Transformer", "Primal.+Trans."]

@@ -72,6 +72,11 @@ def test_welch_interval_and_verdicts() -> None:
     half = 2.776445105 * math.sqrt(2 * 1e-4 / 3)
     assert math.isclose(d.low, 0.1 - half, rel_tol=1e-7) and d.verdict == "better"
     assert welch_difference([0.70, 0.72], [0.80, 0.81]).verdict == "worse"
+    # the 80 % power difference: z_.975 + z_.80 = 1.960 + 0.842 = 2.802 standard errors once df is large
+    big = welch_difference([0.0, 1.0] * 500, [0.5, 1.5] * 500)
+    assert abs(big.detectable() / big.se - 2.802) < 0.01
+    assert abs(big.detectable(0.5) - (big.high - big.low) / 2) < 1e-9  # at 50 % power: the half width
+    assert math.isnan(welch_difference([0.7], [0.8, 0.9]).detectable())
     assert welch_difference([0.70, 0.72], [0.80, 0.81], maximize=False).verdict == "better"  # e.g. perplexity
     assert welch_difference([0.7, 0.9, 0.8], [0.75, 0.85, 0.8]).verdict == "within noise"
     assert welch_difference([0.7], [0.8, 0.81]).verdict == "no interval"

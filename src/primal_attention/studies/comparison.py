@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from primal_attention.train.stats import value_cell, welch_difference
+from primal_attention.train.sweep import grid_points
 
 __all__ = ["CLAIM_DIRECTIONS", "Entry", "Outcome", "at_grid_edge", "baselines_for", "below_baseline", "best_baseline",
            "clears_baseline", "display_digits", "display_scale", "late_gains", "no_verdict", "outcome", "still_improving", "tuned_section",
@@ -210,11 +211,13 @@ def _flattened(o: Outcome) -> str:
 
 def _grid_cell(o: Outcome) -> str:
     key, s = f"val_{o.metric}", display_scale(o.metric)
+    run = {json.dumps(p["point"], sort_keys=True): p for p in o.points}
+    order = [json.dumps(p, sort_keys=True) for p in grid_points(o.grid)]
     parts = []
-    for p in o.points:
-        value = ", ".join(f"{v:g}" for v in p["point"].values())
-        text = f"{value}: {s * p[key]:.{display_digits(o.metric)}f}"
-        parts.append(f"**{text}**" if p["point"] == o.chosen else text)
+    for name in order + [n for n in run if n not in order]:  # the grid's order; a not yet run point shows –
+        value = ", ".join(f"{v:g}" for v in json.loads(name).values())
+        text = f"{value}: {s * run[name][key]:.{display_digits(o.metric)}f}" if name in run else f"{value}: –"
+        parts.append(f"**{text}**" if name in run and run[name]["point"] == o.chosen else text)
     left = o.grid_size - len(o.points)
     return " · ".join(parts) + (f" ({left} left)" if left else "")
 
@@ -249,7 +252,7 @@ def tuned_section(entries: Sequence[Entry], baselines: dict[str, Any], *, refere
             d = welch_difference([s * v for v in o.test], [s * v for v in ref.test], maximize=o.maximize)
             diff = d.cell(digits=k, directed=why is None)
             if not math.isnan(d.low):
-                power.append(f"{e.label} ±{(d.high - d.low) / 2:.{k}f}")
+                power.append(f"{e.label} ±{(d.high - d.low) / 2:.{k}f} (80 % power: {d.detectable():.{k}f})")
         lines.append(f"| {e.label} | {_grid_cell(o)} | {len(o.test)} | {value_cell([s * v for v in o.test], k)} | "
                      f"{value_cell([s * v for v in o.best_test], k)} | {value_cell([s * v for v in o.final_test], k)} | "
                      f"{diff} | {_flattened(o)} |")
@@ -261,8 +264,10 @@ def tuned_section(entries: Sequence[Entry], baselines: dict[str, Any], *, refere
         lines += ["", "*best test* and *final test* are – where the runs scored TEST once, with the val-selected "
                       "weights (`train.track_test` off), so no test value exists at the other evaluations."]
     if power:
-        lines += ["", "**Smallest detectable difference** (half the width of the 95 % interval: a true difference "
-                      f"smaller than this reads as *within noise* with these seeds): {'; '.join(power)}."]
+        lines += ["", "**Smallest detectable difference** (±: half the width of the 95 % interval, so an observed "
+                      "difference inside it reads as *within noise*; a true difference of that size is found only about "
+                      "half the time, and the 80 % power figure is the true difference these seeds find 4 times in 5, "
+                      f"taking the observed spread as the true one): {'; '.join(power)}."]
     flags = below_baseline(entries, baselines)
     if flags:
         lines += ["", "**At or below a trivial baseline** (mean val-selected test within one std of, or under, the best "

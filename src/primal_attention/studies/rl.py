@@ -175,7 +175,7 @@ def tuned_lines() -> list[str]:
              "through each one's behaviour baseline.", ""]
     for d in tuned.RL_DATASETS:
         if tuned.progress(f"rl/{d}") != "not started":
-            lines += [f"### {d}", "", *tuned.section(f"rl/{d}"), ""]
+            lines += [f"### {d}", "", *tuned.section(f"rl/{d}"), "", *fallen_lines(f"rl/{d}")]
     average = tuned.rl_average()
     if average:
         lines += [f"**Average over the {len(tuned.RL_DATASETS)} datasets** (per final seed, then mean ± std): "
@@ -196,6 +196,31 @@ def tuned_lines() -> list[str]:
 #: the behaviour policy's normalised score per dataset of the data the first tuned round used (a copy of
 #: sweeps.COLLECTED_BEHAVIOUR taken before the second round's collection replaced it).
 FIRST_ROUND_BEHAVIOUR = ROOT / "docs" / "results" / "baselines" / "rl_first_round_behaviour.json"
+
+
+#: an evaluation whose validation episodes last under this many steps on average (of the 1000 allowed) is a
+#: policy that falls at once: the agent tips over within a few dozen steps, scoring near a random policy's 0.
+FALL_STEPS = 50
+
+
+def fallen_lines(comparison: str) -> list[str]:
+    """A note naming the runs of ``comparison`` (grid points and final seeds) whose policy fell at once at every
+    evaluation (:data:`FALL_STEPS`), with their mean episode lengths: a degenerate policy, not a crash, and with
+    few evaluations per run one that can decide a grid point. [] where none did."""
+    found = []
+    for entry, sweep in zip(tuned.entries(comparison), tuned.sweeps_of(comparison)):
+        runs = [(f"lr {p.name.split('=', 1)[1]}", p.metrics) for p in sweep.results()]
+        runs += [(f"final seed {r['seed']}", r) for r in sweep.finals()]
+        for what, record in runs:
+            lengths = [h["val_length"] for h in record.get("history", []) if "val_length" in h]
+            if lengths and max(lengths) < FALL_STEPS:
+                found.append(f"{entry.label} {what} ({', '.join(f'{n:.0f}' for n in lengths)} steps)")
+    if not found:
+        return []
+    return [f"**Policies that fell at once** (runs whose validation episodes lasted under {FALL_STEPS} of the 1000 "
+            "steps on average at every evaluation: the agent tips over and scores near a random policy's "
+            "0; a degenerate policy, not a failed run, which few evaluations per run let decide a grid point): "
+            + "; ".join(found) + ".", ""]
 
 
 def first_round(dataset: str, model: str) -> dict | None:

@@ -187,6 +187,11 @@ CLAIMED = {
 _RL_NAMES = {"DT": "Transformer", "Primal.+DT": "Primal.+Trans."}
 
 
+def _shown(system: System, label: str) -> str:
+    """A model's name in ``system``'s rows: the RL rows name the Decision Transformers as rl.md does."""
+    return {v: k for k, v in _RL_NAMES.items()}.get(label, label) if system.name.startswith("Offline RL") else label
+
+
 def _rl_rising(datasets: list[str]) -> str:
     """How many final seeds of each model were still improving at the schedule's end, per dataset (in the
     order of ``datasets``), e.g. ``"; validation still improving … (seeds, per dataset): DT 3/3, 1/3"``; "" if none."""
@@ -195,7 +200,7 @@ def _rl_rising(datasets: list[str]) -> str:
         for e in tuned.entries(f"rl/{d}"):
             o = outcome(e)
             k, n = still_improving(o) if o is not None else (0, 0)
-            counts.setdefault(_RL_NAMES.get(e.label, e.label), []).append(f"{k}/{n}")
+            counts.setdefault(e.label, []).append(f"{k}/{n}")
     if all(c.startswith("0/") for row in counts.values() for c in row):
         return ""
     return ("; validation still improving at the schedule's end (seeds, per dataset): "
@@ -452,14 +457,14 @@ def write_page(compute: bool) -> None:
         ref = values.get("Transformer", [])
         digits = 1 if system.metric != "ppl" else 2
         pending = _pending(system)
-        lines.append(f"| {system.name} | {system.data} | {CLAIMS[system.name]} | {source} | Transformer | "
+        lines.append(f"| {system.name} | {system.data} | {CLAIMS[system.name]} | {source} | {_shown(system, 'Transformer')} | "
                      f"{_cell(ref, digits, base, system.maximize)} | – | {base_text} | – | [{system.page}]({system.page}) |")
         for label in MODELS:
             if label not in values:
                 continue
             diff, word = _verdict(values[label], ref, base, system.maximize, values,
                                   CLAIMED.get(system.name, {}).get(label), pending, digits)
-            lines.append(f"| | | | | {label} | {_cell(values[label], digits, base, system.maximize)} | {diff} | | "
+            lines.append(f"| | | | | {_shown(system, label)} | {_cell(values[label], digits, base, system.maximize)} | {diff} | | "
                          f"{word} | |")
     lines += ["", "Metrics: accuracy % (LRA, UEA, vision), test perplexity per BPE token (LM, lower is better), "
                   "D4RL-normalised score (RL, the mean per seed over the 9 datasets, or over those named).", ""]

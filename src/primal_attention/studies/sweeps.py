@@ -183,9 +183,13 @@ def trivial_line(comparison: str) -> str:
     return " · ".join(f"{name} {scale * m:.{digits}f}" for m, name in means)
 
 
-#: how a page introduces :func:`trivial_line` beside a table of earlier runs
-TRIVIAL_NOTE = ("trivial baselines on the same data and TEST set (each fit on train, chosen on the validation splits "
-                f"of seeds {', '.join(map(str, FINAL_SEEDS))}, the tuned comparisons' final seeds; `docs/results/baselines/`)")
+def trivial_note(*comparisons: str) -> str:
+    """How a page introduces :func:`trivial_line` of ``comparisons`` beside a table of earlier runs, naming the
+    seeds whose validation splits chose them (the comparisons' final seeds)."""
+    seeds = sorted({seed for c in comparisons for seed in seeds_for(c)})
+    return ("trivial baselines on the same data and TEST set (each fit on train, chosen on the validation splits "
+            f"of seeds {', '.join(map(str, seeds))}, the tuned comparison's final seeds, mean over them; "
+            "`docs/results/baselines/`)")
 
 
 def rl_linear_baseline(comparison: str, compute: bool = True) -> dict | None:
@@ -284,7 +288,8 @@ def section(comparison: str) -> list[str]:
                  "lay at its edge)")
     models = entries(comparison)  # the first is the softmax model the others are measured against
     extra = OVERRIDES.get(comparison)
-    return [f"Every model swept over {grid} on the same step budget, seed 0, selected on validation (a tie: the lower validation loss) "
+    return [f"Every model swept over {grid} on the same step budget, seed 0, selected on validation (a tie: the lower validation loss at "
+            "each run's selected evaluation, the first to reach its best) "
             f"(`scripts/sweep_comparisons.py --only {comparison}`; `primal sweep`), then the chosen point trained with seeds "
             f"{', '.join(map(str, seeds_for(comparison)))}" + (f"; every run with {', '.join(f'`{o}`' for o in extra)}" if extra else "")
             + ". Test values: mean ± sample std over the final seeds, each seed's evaluation selected on validation; Δ: "
@@ -325,21 +330,18 @@ def schedule_scale(comparison: str, record: dict) -> float:
 def remaining(comparison: str) -> tuple[int, float | None, str]:
     """Runs left in ``comparison`` (grid points and final seeds, on the grid as it stands plus the widening a
     finished model's edge choice makes certain, :func:`certain_widening`; a later widening adds more), the
-    one-core hours they take (each model's runs left at the median time of its own runs, :func:`model_times`;
-    a model without times at the median over the others), and where those times come from."""
+    one-core hours they take (each model's runs left at its expected time per run, :func:`expected_run_s`), and
+    where those times come from."""
     widen = certain_widening(comparison)
     left = {config: len(s.points) - len(s.results()) + len(s.final_seeds) - len(s.finals()) + widen
             for config, s in zip(COMPARISONS[comparison], sweeps_of(comparison))}
-    times, source = model_times(comparison)
+    expected, source = expected_run_s(comparison)
     runs = sum(left.values())
-    known = [statistics.median(t) for t in times.values() if t]
     if not runs:
         return 0, 0.0, source
-    if not known:
+    if any(t is None for t in expected.values()):
         return runs, None, source
-    fallback = statistics.median(known)
-    hours = sum(n * (statistics.median(times[c]) if times.get(c) else fallback) for c, n in left.items()) / 3600
-    return runs, hours, source
+    return runs, sum(n * expected[c] for c, n in left.items()) / 3600, source
 
 
 def model_times(comparison: str) -> tuple[dict[str, list[float]], str]:
@@ -354,7 +356,13 @@ def model_times(comparison: str) -> tuple[dict[str, list[float]], str]:
         short, scale = LONGER[comparison]
         found = {c: [scale * t for t in _run_times(s)] for c, s in zip(configs, sweeps_of(short))}
         if any(found.values()):
-            return found, f"the runs of {short}, times {scale:g} (this schedule's length)"
+            source = f"the runs of {short}, times {scale:g} (this schedule's length)"
+            if (slowdown := longer_slowdown(comparison)):
+                ratio, others = slowdown
+                found = {c: [ratio * t for t in ts] for c, ts in found.items()}
+                source += (f", times {ratio:.2f} (the median ratio of the runs of {', '.join(others)} to their short "
+                           "comparisons' runs scaled alike)")
+            return found, source
     earlier = {c: _earlier_times(comparison, c) for c in configs}
     scales = {scale for _, scaled in earlier.values() for scale in scaled}
     source = "the earlier runs of the same configs" + (
@@ -365,6 +373,20 @@ def model_times(comparison: str) -> tuple[dict[str, list[float]], str]:
         times = {c: [ratio * v for v in t] for c, t in times.items()}
         source += f", times {ratio:.2f} (the median ratio of the runs of {', '.join(siblings)} to their earlier runs)"
     return times, source
+
+
+def longer_slowdown(comparison: str) -> tuple[float, list[str]] | None:
+    """(median ratio, the comparisons it comes from) of the median run time of each other longer comparison
+    (:data:`LONGER`) that has runs to the median of its short comparison's runs scaled to its length (runs of
+    a longer schedule took longer than that scaling says); None where none has runs."""
+    ratios = {}
+    for longer, (short, scale) in LONGER.items():
+        if longer != comparison:
+            own = [t for sweep in sweeps_of(longer) for t in _run_times(sweep)]
+            before = [scale * t for sweep in sweeps_of(short) for t in _run_times(sweep)]
+            if own and before:
+                ratios[longer] = statistics.median(own) / statistics.median(before)
+    return (statistics.median(ratios.values()), sorted(ratios)) if ratios else None
 
 
 def sibling_slowdown(comparison: str) -> tuple[float, list[str]] | None:
@@ -451,24 +473,25 @@ def base_sweep(config: str, comparison: str, grid: dict[str, list[float]] = GRID
 
 def sweeps_of(comparison: str, deadline: float | None = None) -> list[Sweep]:
     """The sweep of every model of ``comparison`` over the comparison's grid (:func:`grid_for`, read once); with
-    a ``deadline`` (``time.time()`` seconds), each starts no run later than its longest expected run time
-    (:func:`longest_run_s`) before it."""
+    a ``deadline`` (``time.time()`` seconds), each starts no run later than its expected run time
+    (:func:`expected_run_s`) before it."""
     grid = grid_for(comparison)
-    longest = longest_run_s(comparison) if deadline is not None else {}
-    return [base_sweep(config, comparison, grid, None if deadline is None else deadline - (longest.get(config) or 0.0))
+    expected = expected_run_s(comparison)[0] if deadline is not None else {}
+    return [base_sweep(config, comparison, grid, None if deadline is None else deadline - (expected.get(config) or 0.0))
             for config in COMPARISONS[comparison]]
 
 
-def longest_run_s(comparison: str) -> dict[str, float | None]:
-    """Per model config of ``comparison``, the longest time (s) one of its runs is expected to take: the
-    longest of its times (:func:`model_times`), else the longest of the other models'; None where none is known."""
-    times, _ = model_times(comparison)
+def expected_run_s(comparison: str) -> tuple[dict[str, float | None], str]:
+    """Per model config of ``comparison``, the time (s) one of its runs is expected to take: the median of its
+    times (:func:`model_times`), else the median of the other models' times; None where none is known. And
+    where those times come from."""
+    times, source = model_times(comparison)
     known = [t for ts in times.values() for t in ts]
-    longest: dict[str, float | None] = {}
+    expected: dict[str, float | None] = {}
     for config in COMPARISONS[comparison]:
         own = times.get(config) or known
-        longest[config] = max(own) if own else None
-    return longest
+        expected[config] = statistics.median(own) if own else None
+    return expected, source
 
 
 def settled_grids(comparison: str, deadline: float | None = None) -> tuple[list[Sweep], list[bool]]:
@@ -490,8 +513,8 @@ def main() -> None:
                    help="compute (and cache) the trivial baselines of each comparison on its final seeds' splits, then exit")
     p.add_argument("--poll", type=float, default=60.0, help="seconds between passes while others hold the cells left")
     p.add_argument("--hours", type=float, default=None,
-                   help="start only runs expected to end within this many hours (by their model's longest run so "
-                        "far), taking shorter comparisons' runs when a longer one would not finish; stop when none is left")
+                   help="start only runs expected to end within this many hours (by their model's median run time, "
+                        "as the pages estimate it), taking shorter comparisons' runs when a longer one would not finish; stop when none is left")
     args = p.parse_args()
     names = args.only.split(",") if args.only else list(COMPARISONS)
     unknown = sorted(set(names) - set(COMPARISONS))
@@ -540,7 +563,7 @@ def work_through(names: list[str], poll: float, deadline: float | None = None) -
     run without finishing it, the next pass starts again from the first comparison, so that a worker freed by a
     run takes the highest-priority cell there is (a grid widened meanwhile included), not a later comparison's.
     A pass that stored nothing waits ``poll`` seconds (every cell left is held by another worker). With a
-    ``deadline`` (``time.time()`` seconds), a run starts only if its model's longest run so far would end by then
+    ``deadline`` (``time.time()`` seconds), a run starts only if its model's median run so far would end by then
     (:func:`sweeps_of`), so shorter comparisons fill the time a long run would not finish in; the worker stops
     once no model of an unfinished comparison can start one."""
     while True:

@@ -89,7 +89,7 @@ def write_table() -> None:
                 f"| {label} | {paper if paper is not None else '–'} | – | – | – | – | – |"
             )
         trivial = tuned.trivial_line(f"uea/{dataset}") if f"uea/{dataset}" in tuned.COMPARISONS else ""
-        lines += ["", f"The {tuned.TRIVIAL_NOTE}: {trivial}.", ""] if trivial else [""]
+        lines += ["", f"The {tuned.trivial_note(f'uea/{dataset}')}: {trivial}.", ""] if trivial else [""]
     TABLE.parent.mkdir(parents=True, exist_ok=True)
     TABLE.write_text("\n".join(lines))
     print(f"wrote {TABLE}")

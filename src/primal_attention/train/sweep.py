@@ -411,7 +411,8 @@ def render_markdown(rep: dict[str, Any]) -> str:
              + f"; budget per point: {rep['budget']['steps'] or rep['budget']['epochs']} "
              f"{'steps' if rep['budget']['steps'] else 'epochs'} of batch {rep['budget']['batch_size']}; seed {rep['sweep_seed']};"
              f" holdout protocol. Selected on **validation {metric}** ({'higher' if rep['selection']['maximize'] else 'lower'} is better;"
-             " a tie goes to the lower validation loss, then to the earlier point). Test is shown for the record, never"
+             " a tie goes to the lower validation loss at each run's selected evaluation, the first to reach its best, then"
+             " to the earlier point). Test is shown for the record, never"
              " used to choose.", "",
              f"| point | val {metric}{unit} | val loss | test {metric}{unit} (val-selected evaluation) | time (s) | |",
              "|---|---|---|---|---|---|"]
