@@ -204,3 +204,11 @@ def test_a_baselines_description_says_what_each_seed_chose_and_which_stayed_at_a
     assert baseline_what(row) == "linear; chosen per seed: 0.001, 0.1, 0.001 (1 of 3 still at the edge of what was tried)"
     row["tried"][1].append(1.0)
     assert baseline_what(row) == "linear; chosen per seed: 0.001, 0.1, 0.001"
+
+
+def test_a_choice_among_tied_validation_values_is_flagged(tmp_path: Path) -> None:
+    ref = store(tmp_path, "Transformer", {1e-4: 0.90, 1e-3: 0.90}, [0.60, 0.62, 0.61])
+    other = store(tmp_path, "PrimalFormer", {1e-4: 0.90, 1e-3: 0.85}, [0.60, 0.62, 0.61])
+    text = "\n".join(tuned_section([ref, other], {}, reference="Transformer"))
+    assert "**Chosen by the tie-break**" in text and "Transformer (2 of 2 points at 90.0)." in text
+    assert "PrimalFormer (" not in text.split("**Chosen by the tie-break**")[1].split("\n\n")[0]  # a clear winner

@@ -288,12 +288,30 @@ def tuned_section(entries: Sequence[Entry], baselines: dict[str, Any], *, refere
                       + (f" (its differences are read as a verdict because the {reference} is above every trivial "
                          f"baseline, best {base[1]} {s * base[0]:.{k}f}: a schedule still improving gives a verdict "
                          "only then)." if why is None and reference_clears else ".")]
+    ties = [f"{label} ({tie})" for label, o in outcomes.items() if o is not None and (tie := tied_choice(o))]
+    if ties:
+        lines += ["", "**Chosen by the tie-break** (grid points that tie at the best validation value: the lower "
+                      "validation loss at each run's selected evaluation, the first to reach its best, picks among "
+                      "them): " + "; ".join(ties) + "."]
     edges = [f"{label} ({edge})" for label, o in outcomes.items() if o is not None and (edge := at_grid_edge(o))]
     if edges:
         lines += ["", "**Chosen at the edge of the grid** (the best value may lie outside it; a grid is widened "
                       "one step at a time, the same for every model of the comparison, until every choice is interior "
                       "or four steps were added on a side): " + "; ".join(edges) + "."]
     return lines
+
+
+def tied_choice(o: Outcome) -> str:
+    """How many grid points share the chosen point's validation value, e.g. ``"4 of 5 points at 100.0"``; "" where
+    the choice is not tied (or not made)."""
+    if o.chosen is None:
+        return ""
+    key = f"val_{o.metric}"
+    best = next(p[key] for p in o.points if p["point"] == o.chosen)
+    tied = sum(p[key] == best for p in o.points)
+    if tied < 2:
+        return ""
+    return f"{tied} of {len(o.points)} points at {display_scale(o.metric) * best:.{display_digits(o.metric)}f}"
 
 
 def at_grid_edge(o: Outcome) -> str:
