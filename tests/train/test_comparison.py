@@ -212,3 +212,10 @@ def test_a_choice_among_tied_validation_values_is_flagged(tmp_path: Path) -> Non
     text = "\n".join(tuned_section([ref, other], {}, reference="Transformer"))
     assert "**Chosen by the tie-break**" in text and "Transformer (2 of 2 points at 90.0)." in text
     assert "PrimalFormer (" not in text.split("**Chosen by the tie-break**")[1].split("\n\n")[0]  # a clear winner
+
+
+def test_the_power_figure_of_seeds_that_all_agree_is_not_a_number(tmp_path: Path) -> None:
+    ref = store(tmp_path, "Transformer", {1e-4: 0.80, 1e-3: 0.90}, [1.0, 1.0, 1.0])
+    other = store(tmp_path, "PrimalFormer", {1e-4: 0.80, 1e-3: 0.90}, [1.0, 1.0, 1.0])
+    text = "\n".join(tuned_section([ref, other], {}, reference="Transformer"))
+    assert "PrimalFormer ±0.0 (80 % power: –, every seed of both gave the same value)." in text

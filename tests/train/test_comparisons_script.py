@@ -368,7 +368,7 @@ def test_a_worker_freed_by_a_run_goes_back_to_the_first_comparison_with_work(tmp
 
     class Fake:
         def __init__(self, name: str) -> None:
-            self.name = name
+            self.name, self.held = name, 0
 
         def step(self, finals: bool = True) -> bool:
             calls[self.name] += 1
@@ -389,28 +389,43 @@ def test_a_worker_freed_by_a_run_goes_back_to_the_first_comparison_with_work(tmp
 
 def test_a_worker_with_a_deadline_starts_only_runs_that_end_by_it_then_stops(tmp_path, monkeypatch) -> None:
     tuned = _script(monkeypatch, tmp_path)
-    # "long" (first in priority) takes 2 h a run, "short" 10 min; one hour is left: only "short" is trained
+    # "long" (first in priority) takes 2 h a run, "short" 10 min; one hour is left: only "short" is trained.
+    # "short2" is held by another worker on the first pass: the worker waits for it rather than stop.
     hours = {"long": 2.0, "short": 1 / 6}
     trained: list[str] = []
+    passes = {"short": 0}
     now = 1_000_000.0
     monkeypatch.setattr(tuned.time, "time", lambda: now)
 
     class Fake:
         def __init__(self, name: str, deadline: float | None) -> None:
-            self.name, self.start_by = name, None if deadline is None else deadline - 3600 * hours[name]
+            self.name, self.held = name, 0
+            self.start_by = None if deadline is None else deadline - 3600 * hours[name]
 
         def step(self, finals: bool = True) -> bool:
+            passes[self.name] = passes.get(self.name, 0) + 1
             for cell in (f"{self.name}1", f"{self.name}2"):
-                if cell not in trained and (self.start_by is None or now <= self.start_by):
+                if cell == "short2" and passes["short"] == 1:
+                    self.held += 1
+                elif cell not in trained and (self.start_by is None or now <= self.start_by):
                     trained.append(cell)
             return all(c in trained for c in (f"{self.name}1", f"{self.name}2"))
+
+    def sleep(seconds: float) -> None:
+        sleeps.append(seconds)
+        assert len(sleeps) < 5, "the worker waits forever"
 
     monkeypatch.setattr(tuned, "settled_grids", lambda name, deadline=None: ([Fake(name, deadline)], [True]))
     monkeypatch.setattr(tuned, "stored_runs", lambda name: sum(c.startswith(name) for c in trained))
     sleeps: list[float] = []
-    monkeypatch.setattr(tuned.time, "sleep", sleeps.append)
+    monkeypatch.setattr(tuned.time, "sleep", sleep)
     tuned.work_through(["long", "short"], poll=60.0, deadline=now + 3600)
-    assert trained == ["short1", "short2"] and sleeps == []  # then it stops rather than wait for "long"
+    assert trained == ["short1", "short2"]  # then it stops rather than wait for "long" ...
+    assert sleeps == []  # ... and short1's pass went straight back to the top, where short2 was free by then
+    passes["short"] = 0
+    trained.remove("short2")
+    tuned.work_through(["long", "short"], poll=60.0, deadline=now + 3600)  # short2 held, nothing stored: wait once
+    assert trained == ["short1", "short2"] and sleeps == [60.0]
     tuned.work_through(["long", "short"], poll=60.0)  # no deadline: "long" too
     assert trained[2:] == ["long1", "long2"]
 
@@ -429,15 +444,22 @@ def test_a_deadline_is_set_by_each_models_expected_run_time(tmp_path, monkeypatc
     assert tuned.expected_run_s("uea/JapaneseVowels") == (dict(zip(models, (300.0, 50.0, 200.0))), "its runs so far")
     assert [s.start_by for s in tuned.sweeps_of("uea/JapaneseVowels", deadline=1000.0)] == [700.0, 950.0, 800.0]
     assert all(s.start_by is None for s in tuned.sweeps_of("uea/JapaneseVowels"))
+    # a model without any time (no runs anywhere) is not started under a deadline
+    monkeypatch.setattr(tuned, "model_times", lambda c: ({m: [] for m in models}, "nothing"))
+    assert [s.start_by for s in tuned.sweeps_of("uea/JapaneseVowels", deadline=1000.0)] == [float("-inf")] * 3
 
 
 def test_the_script_refuses_a_deadline_that_is_not_ahead() -> None:
     import subprocess
     import sys
 
-    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "sweep_comparisons.py"), "--hours", "0"],
+    for hours, message in (("0", "--hours must be a positive, finite number, got 0"), ("inf", "finite number, got inf")):
+        done = subprocess.run([sys.executable, str(ROOT / "scripts" / "sweep_comparisons.py"), "--hours", hours],
+                              capture_output=True, text=True)
+        assert done.returncode == 2 and message in done.stderr
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "sweep_comparisons.py"), "--hours", "1", "--list"],
                           capture_output=True, text=True)
-    assert done.returncode == 2 and "--hours must be a positive number, got 0" in done.stderr
+    assert done.returncode == 2 and "--hours applies to training runs, not to --list or --baselines" in done.stderr
 
 
 def test_a_longer_schedules_estimate_takes_the_slowdown_other_longer_schedules_showed(tmp_path, monkeypatch) -> None:

@@ -127,6 +127,7 @@ def test_a_sweep_past_its_start_by_starts_no_cell_but_keeps_what_is_stored(tmp_p
     assert [p.point for p in late.results()] == [{"optim.lr": 1e-4}]
     assert not (tmp_path / "points" / point_name({"optim.lr": 1e-3})).exists()
     assert late.run_cell(*late.cells()[0]) is True  # a stored cell is stored, whatever the time
+    assert late.held == 0  # refused for the time, not held by another worker
 
 
 def test_a_sweep_in_progress_reports_its_points_so_far(tmp_path) -> None:
@@ -140,6 +141,7 @@ def test_a_sweep_in_progress_reports_its_points_so_far(tmp_path) -> None:
     with open(tmp_path / "locks" / f"point-{point_name({'optim.lr': 1e-3})}-seed_0.lock", "w") as held:
         fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)  # another worker trains this cell
         assert sweep.step() is False
+    assert sweep.held == 1  # counted, so a worker with a deadline waits for it rather than stop
     report = json.loads((tmp_path / "sweep.json").read_text())
     assert [p["name"] for p in report["points"]] == ["optim.lr=0.0001"]
     assert not report["complete"] and report["chosen"] is None

@@ -77,6 +77,9 @@ def test_welch_interval_and_verdicts() -> None:
     assert abs(big.detectable() / big.se - 2.802) < 0.01
     assert abs(big.detectable(0.5) - (big.high - big.low) / 2) < 1e-9  # at 50 % power: the half width
     assert math.isnan(welch_difference([0.7], [0.8, 0.9]).detectable())
+    assert welch_difference([1.0, 1.0], [1.0, 1.0]).detectable() == 0.0
+    with pytest.raises(ValueError, match="power must lie in"):
+        big.detectable(0.3)
     assert welch_difference([0.70, 0.72], [0.80, 0.81], maximize=False).verdict == "better"  # e.g. perplexity
     assert welch_difference([0.7, 0.9, 0.8], [0.75, 0.85, 0.8]).verdict == "within noise"
     assert welch_difference([0.7], [0.8, 0.81]).verdict == "no interval"

@@ -252,7 +252,9 @@ def tuned_section(entries: Sequence[Entry], baselines: dict[str, Any], *, refere
             d = welch_difference([s * v for v in o.test], [s * v for v in ref.test], maximize=o.maximize)
             diff = d.cell(digits=k, directed=why is None)
             if not math.isnan(d.low):
-                power.append(f"{e.label} ±{(d.high - d.low) / 2:.{k}f} (80 % power: {d.detectable():.{k}f})")
+                found = d.detectable()
+                power.append(f"{e.label} ±{(d.high - d.low) / 2:.{k}f} (80 % power: "
+                             + (f"{found:.{k}f})" if found > 0 else "–, every seed of both gave the same value)"))
         lines.append(f"| {e.label} | {_grid_cell(o)} | {len(o.test)} | {value_cell([s * v for v in o.test], k)} | "
                      f"{value_cell([s * v for v in o.best_test], k)} | {value_cell([s * v for v in o.final_test], k)} | "
                      f"{diff} | {_flattened(o)} |")
@@ -290,9 +292,10 @@ def tuned_section(entries: Sequence[Entry], baselines: dict[str, Any], *, refere
                          "only then)." if why is None and reference_clears else ".")]
     ties = [f"{label} ({tie})" for label, o in outcomes.items() if o is not None and (tie := tied_choice(o))]
     if ties:
-        lines += ["", "**Chosen by the tie-break** (grid points that tie at the best validation value: the lower "
-                      "validation loss at each run's selected evaluation, the first to reach its best, picks among "
-                      "them): " + "; ".join(ties) + "."]
+        rule = ("the earlier grid point" if metric == "loss" else "the lower validation loss at each run's selected "
+                "evaluation, the first to reach its best,")
+        lines += ["", f"**Chosen by the tie-break** (grid points that tie at the best validation value: {rule} picks "
+                      "among them): " + "; ".join(ties) + "."]
     edges = [f"{label} ({edge})" for label, o in outcomes.items() if o is not None and (edge := at_grid_edge(o))]
     if edges:
         lines += ["", "**Chosen at the edge of the grid** (the best value may lie outside it; a grid is widened "

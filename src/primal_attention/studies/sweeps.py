@@ -345,25 +345,43 @@ def remaining(comparison: str) -> tuple[int, float | None, str]:
 
 
 def model_times(comparison: str) -> tuple[dict[str, list[float]], str]:
-    """Per model config of ``comparison``, the wall times (s) a run of it takes, and where they come from: its
-    runs so far; else its shorter comparison's, scaled to this schedule; else the earlier runs of the same
-    configs that a page keeps, scaled to this schedule and by :func:`sibling_slowdown`."""
+    """Per model config of ``comparison``, the wall times (s) a run of it takes, and where they come from, each
+    model from the first source that has its times: its runs so far; its shorter comparison's runs, scaled to
+    this schedule and by :func:`longer_slowdown`; the earlier runs of the same config that a page keeps, scaled
+    to this schedule and by :func:`sibling_slowdown` ([] where none has them)."""
     configs = COMPARISONS[comparison]
-    own = {c: _run_times(s) for c, s in zip(configs, sweeps_of(comparison))}
-    if any(own.values()):
-        return own, "its runs so far"
-    if comparison in LONGER:  # the short comparison's runs, scaled to this schedule
-        short, scale = LONGER[comparison]
-        found = {c: [scale * t for t in _run_times(s)] for c, s in zip(configs, sweeps_of(short))}
-        if any(found.values()):
-            source = f"the runs of {short}, times {scale:g} (this schedule's length)"
-            if (slowdown := longer_slowdown(comparison)):
-                ratio, others = slowdown
-                found = {c: [ratio * t for t in ts] for c, ts in found.items()}
-                source += (f", times {ratio:.2f} (the median ratio of the runs of {', '.join(others)} to their short "
-                           "comparisons' runs scaled alike)")
-            return found, source
-    earlier = {c: _earlier_times(comparison, c) for c in configs}
+    sources = [({c: _run_times(s) for c, s in zip(configs, sweeps_of(comparison))}, "its runs so far"),
+               _short_times(comparison), _earlier_model_times(comparison)]
+    times: dict[str, list[float]] = {}
+    used: list[str] = []
+    for config in configs:
+        found, source = next(((f, src) for f, src in sources if f.get(config)), ({}, ""))
+        times[config] = found.get(config, [])
+        if source and source not in used:
+            used.append(source)
+    return times, " and ".join(used) or sources[-1][1]
+
+
+def _short_times(comparison: str) -> tuple[dict[str, list[float]], str]:
+    """A longer comparison's models' times from its short comparison's runs, scaled to its schedule and by the
+    slowdown the other longer schedules showed (:func:`longer_slowdown`); ({}, "") for any other comparison."""
+    if comparison not in LONGER:
+        return {}, ""
+    short, scale = LONGER[comparison]
+    found = {c: [scale * t for t in _run_times(s)] for c, s in zip(COMPARISONS[comparison], sweeps_of(short))}
+    source = f"the runs of {short}, times {scale:g} (this schedule's length)"
+    if any(found.values()) and (slowdown := longer_slowdown(comparison)):
+        ratio, others = slowdown
+        found = {c: [ratio * t for t in ts] for c, ts in found.items()}
+        source += (f", times {ratio:.2f} (the median ratio, per model, of the runs of {', '.join(others)} to their "
+                   "short comparisons' runs scaled alike)")
+    return found, source
+
+
+def _earlier_model_times(comparison: str) -> tuple[dict[str, list[float]], str]:
+    """The models' times from the earlier runs of the same configs, scaled to this schedule and by the family's
+    slowdown (:func:`sibling_slowdown`)."""
+    earlier = {c: _earlier_times(comparison, c) for c in COMPARISONS[comparison]}
     scales = {scale for _, scaled in earlier.values() for scale in scaled}
     source = "the earlier runs of the same configs" + (
         " (their own schedule)" if scales <= {1.0} else ", scaled to this schedule's length")
@@ -376,17 +394,20 @@ def model_times(comparison: str) -> tuple[dict[str, list[float]], str]:
 
 
 def longer_slowdown(comparison: str) -> tuple[float, list[str]] | None:
-    """(median ratio, the comparisons it comes from) of the median run time of each other longer comparison
-    (:data:`LONGER`) that has runs to the median of its short comparison's runs scaled to its length (runs of
-    a longer schedule took longer than that scaling says); None where none has runs."""
-    ratios = {}
+    """(median ratio, the comparisons it comes from) over the models of each other longer comparison
+    (:data:`LONGER`) that has runs of the model's median run time to the median of its short comparison's runs of
+    the same model scaled to the longer length (runs of a longer schedule took longer than that scaling says);
+    None where none has runs."""
+    ratios, sources = [], set()
     for longer, (short, scale) in LONGER.items():
-        if longer != comparison:
-            own = [t for sweep in sweeps_of(longer) for t in _run_times(sweep)]
-            before = [scale * t for sweep in sweeps_of(short) for t in _run_times(sweep)]
-            if own and before:
-                ratios[longer] = statistics.median(own) / statistics.median(before)
-    return (statistics.median(ratios.values()), sorted(ratios)) if ratios else None
+        if longer == comparison:
+            continue
+        for own, before in zip(sweeps_of(longer), sweeps_of(short)):
+            mine, theirs = _run_times(own), _run_times(before)
+            if mine and theirs:
+                ratios.append(statistics.median(mine) / (scale * statistics.median(theirs)))
+                sources.add(longer)
+    return (statistics.median(ratios), sorted(sources)) if ratios else None
 
 
 def sibling_slowdown(comparison: str) -> tuple[float, list[str]] | None:
@@ -474,10 +495,12 @@ def base_sweep(config: str, comparison: str, grid: dict[str, list[float]] = GRID
 def sweeps_of(comparison: str, deadline: float | None = None) -> list[Sweep]:
     """The sweep of every model of ``comparison`` over the comparison's grid (:func:`grid_for`, read once); with
     a ``deadline`` (``time.time()`` seconds), each starts no run later than its expected run time
-    (:func:`expected_run_s`) before it."""
+    (:func:`expected_run_s`) before it, and none where that time is unknown."""
     grid = grid_for(comparison)
     expected = expected_run_s(comparison)[0] if deadline is not None else {}
-    return [base_sweep(config, comparison, grid, None if deadline is None else deadline - (expected.get(config) or 0.0))
+    # a model whose run time is unknown is not started under a deadline (it could end hours past it)
+    return [base_sweep(config, comparison, grid, None if deadline is None else
+                       deadline - t if (t := expected.get(config)) is not None else -math.inf)
             for config in COMPARISONS[comparison]]
 
 
@@ -516,6 +539,10 @@ def main() -> None:
                    help="start only runs expected to end within this many hours (by their model's median run time, "
                         "as the pages estimate it), taking shorter comparisons' runs when a longer one would not finish; stop when none is left")
     args = p.parse_args()
+    if args.hours is not None and not (0 < args.hours < math.inf):
+        p.error(f"--hours must be a positive, finite number, got {args.hours:g}")
+    if args.hours is not None and (args.list or args.baselines):
+        p.error("--hours applies to training runs, not to --list or --baselines")
     names = args.only.split(",") if args.only else list(COMPARISONS)
     unknown = sorted(set(names) - set(COMPARISONS))
     if unknown:
@@ -542,8 +569,6 @@ def main() -> None:
         if waiting:
             print(f"skipping {name}: {waiting}", flush=True)
             names.remove(name)
-    if args.hours is not None and not args.hours > 0:
-        p.error(f"--hours must be a positive number, got {args.hours:g}")
     deadline = None if args.hours is None else time.time() + 3600 * args.hours
     if deadline is not None:
         print(f"starting only runs expected to end by {time.strftime('%H:%M', time.localtime(deadline))}", flush=True)
@@ -565,23 +590,23 @@ def work_through(names: list[str], poll: float, deadline: float | None = None) -
     A pass that stored nothing waits ``poll`` seconds (every cell left is held by another worker). With a
     ``deadline`` (``time.time()`` seconds), a run starts only if its model's median run so far would end by then
     (:func:`sweeps_of`), so shorter comparisons fill the time a long run would not finish in; the worker stops
-    once no model of an unfinished comparison can start one."""
+    after a pass that stored nothing and found no cell held by another worker (what is left is past its start
+    time, or waits on a cell that is)."""
     while True:
-        done, progressed, unfinished = True, False, []
+        done, progressed, held = True, False, False
         for name in names:
             before = stored_runs(name)
             group, grids = settled_grids(name, deadline)
             finished = all([s.step() for s in group]) if all(grids) else False
             done &= finished
-            if not finished:
-                unfinished.append(group)
+            held |= any(s.held for s in group)
             if not finished and stored_runs(name) > before:
                 progressed = True
                 break
         if done:
             return
-        if deadline is not None and not progressed and all(
-                time.time() > s.start_by for group in unfinished for s in group):
+        if deadline is not None and not progressed and not held:
+            # every cell left is past its start time or waits on one that is: nothing will free up before the deadline
             print("stopping: no run left that would end before the deadline", flush=True)
             return
         if not progressed:

@@ -77,7 +77,10 @@ class Difference:
     def detectable(self, power: float = 0.8) -> float:
         """The smallest true difference this many seeds find (the interval excluding 0) with probability ``power``,
         taking the observed spread as the true one: (t_{1-α/2} + t_power) · se, e.g. ≈ 1.4× the interval's
-        half width at 80 % and about 10 degrees of freedom; nan without an interval."""
+        half width at 80 % and about 10 degrees of freedom (at 50 %: the half width); 0.5 <= ``power`` < 1;
+        nan without an interval, 0 where every value of both samples agrees."""
+        if not 0.5 <= power < 1:
+            raise ValueError(f"detectable: power must lie in [0.5, 1), got {power}")
         if math.isnan(self.se) or self.se == 0:
             return self.se
         return (t_quantile(0.5 + self.level / 2, self.df) + (t_quantile(power, self.df) if power != 0.5 else 0.0)) * self.se

@@ -185,6 +185,8 @@ class Sweep:
     threads: int = 1
     #: no cell starts after this moment (``time.time()`` seconds; None: any time); a cell already running finishes
     start_by: float | None = None
+    #: cells this object found held by another process (a worker waits for those, not for cells past ``start_by``)
+    held: int = field(default=0, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.config, self.out = Path(self.config), Path(self.out)
@@ -299,6 +301,7 @@ class Sweep:
             try:
                 fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
+                self.held += 1
                 return False  # another worker trains it
             if not path.is_file():
                 run_stored(self.config, path, self.out / "work" / point_name(point), seed, self._sets(point),
