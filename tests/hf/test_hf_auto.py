@@ -35,6 +35,13 @@ def _inputs(name: str) -> torch.Tensor:
     return tokens(2, 7)
 
 
+def _same(a: torch.Tensor, b: torch.Tensor) -> None:
+    """Equal up to float64 rounding: HF loads safetensors zero-copy, so a loaded weight can sit at an address BLAS
+    treats differently from the saved model's (another kernel, the last bit of a sum changed); the same weights
+    copied to fresh memory give bit-equal outputs."""
+    torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+
+
 def _logits(model, x: torch.Tensor) -> torch.Tensor:
     with torch.no_grad():
         return model(x).logits
@@ -52,7 +59,7 @@ def test_auto_classes_load_the_primal_model_with_its_logits(tmp_path, name, laye
     assert len(primal_wrappers(loaded)) == len(primal_wrappers(model))
     assert hf.primal_settings(loaded) == hf.primal_settings(model)
     x = _inputs(name)
-    assert torch.equal(_logits(loaded, x), _logits(model, x))
+    _same(_logits(loaded, x), _logits(model, x))
     assert type(AutoConfig.from_pretrained(tmp_path)).__name__ == f"Primal{type(model.config).__bases__[0].__name__}"
 
 
@@ -62,7 +69,7 @@ def test_the_base_auto_model_and_dtype_of_a_primal_checkpoint(tmp_path):
     base = AutoModel.from_pretrained(tmp_path)
     with torch.no_grad():
         hidden = base(tokens(2, 7)).last_hidden_state
-        assert torch.equal(hidden, model.transformer(tokens(2, 7)).last_hidden_state)
+        _same(hidden, model.transformer(tokens(2, 7)).last_hidden_state)
     half = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.bfloat16)
     assert {p.dtype for p in half.parameters()} == {torch.bfloat16}
     assert {p.dtype for w in primal_wrappers(half) for p in w.parameters()} == {torch.bfloat16}
@@ -122,4 +129,4 @@ def test_a_loaded_primal_model_pickles(tmp_path):
     loaded = AutoModelForCausalLM.from_pretrained(tmp_path)
     again = pickle.loads(pickle.dumps(loaded))
     assert type(again) is type(loaded) and type(again.config) is type(loaded.config)
-    assert torch.equal(_logits(again, tokens(1, 5)), _logits(loaded, tokens(1, 5)))
+    _same(_logits(again, tokens(1, 5)), _logits(loaded, tokens(1, 5)))
