@@ -350,16 +350,22 @@ def model_times(comparison: str) -> tuple[dict[str, list[float]], str]:
     this schedule and by :func:`longer_slowdown`; the earlier runs of the same config that a page keeps, scaled
     to this schedule and by :func:`sibling_slowdown` ([] where none has them)."""
     configs = COMPARISONS[comparison]
-    sources = [({c: _run_times(s) for c, s in zip(configs, sweeps_of(comparison))}, "its runs so far"),
-               _short_times(comparison), _earlier_model_times(comparison)]
+    sources = (lambda: ({c: _run_times(s) for c, s in zip(configs, sweeps_of(comparison))}, "its runs so far"),
+               lambda: _short_times(comparison), lambda: _earlier_model_times(comparison))
     times: dict[str, list[float]] = {}
     used: list[str] = []
-    for config in configs:
-        found, source = next(((f, src) for f, src in sources if f.get(config)), ({}, ""))
-        times[config] = found.get(config, [])
-        if source and source not in used:
-            used.append(source)
-    return times, " and ".join(used) or sources[-1][1]
+    last = ""
+    for read in sources:  # a source is read only while some model still lacks times
+        missing = [c for c in configs if not times.get(c)]
+        if not missing:
+            break
+        found, source = read()
+        last = source or last
+        for config in missing:
+            if found.get(config):
+                times[config] = found[config]
+                used += [] if source in used else [source]
+    return {c: times.get(c, []) for c in configs}, " and ".join(used) or last
 
 
 def _short_times(comparison: str) -> tuple[dict[str, list[float]], str]:
