@@ -477,7 +477,30 @@ def test_a_longer_schedules_estimate_takes_the_slowdown_other_longer_schedules_s
     assert tuned.longer_slowdown("uea/b-2x") == (1.5, ["uea/a-2x"])
     expected, source = tuned.expected_run_s("uea/b-2x")
     assert expected == {models[0]: 300.0} and "times 2 (this schedule's length), times 1.50" in source
-    assert tuned.longer_slowdown("uea/a-2x") is None  # b-2x has no runs
+    assert tuned.longer_slowdown("uea/a-2x") == (1.5, ["uea/a-2x"])  # its own run (b-2x has none)
+    monkeypatch.setattr(tuned, "LONGER", {"uea/b-2x": ("uea/JapaneseVowels", 2.0)})
+    assert tuned.longer_slowdown("uea/b-2x") is None  # no longer comparison has runs
+
+
+def test_a_longer_schedule_with_runs_of_its_own_takes_its_own_models_slowdown(tmp_path, monkeypatch) -> None:
+    """Once one model of a longer comparison has runs, the others' estimates scale by that model's ratio (the same
+    schedule and data), not by the other longer comparisons'."""
+    tuned = _script(monkeypatch, tmp_path)
+    models = ["uea/JapaneseVowels_transformer", "uea/JapaneseVowels_primalformer"]
+    monkeypatch.setattr(tuned, "COMPARISONS", {"uea/JapaneseVowels": models, "uea/a-2x": models, "uea/b-2x": models})
+    monkeypatch.setattr(tuned, "LONGER", {"uea/a-2x": ("uea/JapaneseVowels", 2.0), "uea/b-2x": ("uea/JapaneseVowels", 2.0)})
+    monkeypatch.setattr(tuned, "STORE_SUFFIX", {"uea/a-2x": "_a", "uea/b-2x": "_b"})
+    monkeypatch.setattr(tuned, "OVERRIDES", {})
+    for stem, wall in (("JapaneseVowels_transformer", 100.0), ("JapaneseVowels_primalformer", 50.0),
+                       ("JapaneseVowels_transformer_a", 300.0), ("JapaneseVowels_transformer_b", 160.0)):
+        point = tmp_path / stem / "points" / point_name({"optim.lr": 1e-4}) / "seed_0.json"
+        _store(point, 0.9)
+        point.write_text(json.dumps({**json.loads(point.read_text()), "wall_time_s": wall}))
+    assert tuned.longer_slowdown("uea/b-2x") == (0.8, ["uea/b-2x"])  # 160 s where 2 x 100 s was expected
+    assert tuned.longer_slowdown("uea/a-2x") == (1.5, ["uea/a-2x"])
+    expected, source = tuned.expected_run_s("uea/b-2x")
+    assert expected == {models[0]: 160.0, models[1]: 80.0}  # the PrimalFormer: 2 x 50 s x 0.8
+    assert "times 0.80 (the median ratio, per model, of the runs of uea/b-2x" in source
 
 
 def test_the_trivial_note_names_the_seeds_that_chose_the_baselines(tmp_path, monkeypatch) -> None:

@@ -400,20 +400,21 @@ def _earlier_model_times(comparison: str) -> tuple[dict[str, list[float]], str]:
 
 
 def longer_slowdown(comparison: str) -> tuple[float, list[str]] | None:
-    """(median ratio, the comparisons it comes from) over the models of each other longer comparison
-    (:data:`LONGER`) that has runs of the model's median run time to the median of its short comparison's runs of
-    the same model scaled to the longer length (runs of a longer schedule took longer than that scaling says);
+    """(median ratio, the comparisons it comes from) over the models that have runs of the model's median run
+    time to the median of its short comparison's runs of the same model scaled to the longer length (runs of a
+    longer schedule took longer, or shorter, than that scaling says): the models of ``comparison`` itself where
+    any has runs (the same schedule and data), else those of every other longer comparison (:data:`LONGER`);
     None where none has runs."""
-    ratios, sources = [], set()
-    for longer, (short, scale) in LONGER.items():
-        if longer == comparison:
-            continue
-        for own, before in zip(sweeps_of(longer), sweeps_of(short)):
-            mine, theirs = _run_times(own), _run_times(before)
-            if mine and theirs:
-                ratios.append(statistics.median(mine) / (scale * statistics.median(theirs)))
-                sources.add(longer)
-    return (statistics.median(ratios), sorted(sources)) if ratios else None
+    def ratios(longer: str) -> list[float]:
+        short, scale = LONGER[longer]
+        return [statistics.median(mine) / (scale * statistics.median(theirs))
+                for own, before in zip(sweeps_of(longer), sweeps_of(short))
+                if (mine := _run_times(own)) and (theirs := _run_times(before))]
+
+    if comparison in LONGER and (own := ratios(comparison)):
+        return statistics.median(own), [comparison]
+    found = {longer: r for longer in LONGER if longer != comparison and (r := ratios(longer))}
+    return (statistics.median([x for r in found.values() for x in r]), sorted(found)) if found else None
 
 
 def sibling_slowdown(comparison: str) -> tuple[float, list[str]] | None:
